@@ -1,0 +1,719 @@
+"""Consistency findings for a ledger: do its figures agree with each other at the rounding it states?
+
+A ledger carries both raw figures (medians, counters, KV tokens) and figures derived from them
+(multipliers, acceptance length and rate, sessions, crossings, prose claims such as "0.3x").
+The audit recomputes each derived figure from the raw ones and checks that rounding the exact
+value to the stated decimals gives the stated value. Where the raw figures are themselves
+rounded, it works with the interval they stand for (value +- half a unit), so a published
+rounding is only called wrong when no value consistent with the inputs could produce it.
+
+Severity: in measured (and planned) ledgers an inconsistency is an `error`, since this suite
+wrote the figures; in reference ledgers it is a `warning`, since the ledger faithfully encodes
+a publication that disagrees with itself. "This rounding holds" is `info`. No vLLM here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Literal
+
+from specledger import theory
+from specledger.schema import Ledger, LedgerError, Problem, iter_ledger_paths, json_path, load_ledger
+
+__all__ = [
+    "SEVERITIES",
+    "Finding",
+    "at_least",
+    "audit_ledger",
+    "audit_paths",
+    "decimals_of",
+    "half_unit",
+    "point_multiplier",
+    "ratio_interval",
+    "rounds_to",
+]
+
+Severity = Literal["error", "warning", "info"]
+#: Severities from least to most serious (index = rank).
+SEVERITIES: tuple[Severity, ...] = ("info", "warning", "error")
+#: How far (in log2 of concurrency) a stated critical concurrency may sit from the recomputed one.
+CRITICAL_LOG2_TOLERANCE = 0.05
+
+Parts = list[str | int]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One audit observation, located like a load Problem (file + JSON path of the value)."""
+
+    severity: Severity
+    file: str
+    json_path: str
+    code: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.json_path}: {self.severity}: {self.message} [{self.code}]"
+
+
+# --------------------------------------------------------------------------------------------
+# rounding arithmetic
+# --------------------------------------------------------------------------------------------
+
+
+def _eps(x: float) -> float:
+    """Float slack: the figures are decimal, the arithmetic binary."""
+    return 1e-9 * max(1.0, abs(x))
+
+
+def half_unit(decimals: int) -> float:
+    """Half the last stated digit: how far a value rounded to `decimals` may be from the truth."""
+    return 0.5 * 10.0**-decimals
+
+
+def rounds_to(stated: float, lo: float, hi: float, decimals: int) -> bool:
+    """Whether some exact value in [lo, hi] rounds to `stated` at `decimals` decimals.
+
+    A stated value with more decimals than it claims to have is never a rounding of anything.
+    Ties are accepted both ways (half-up and half-even disagree on them).
+    """
+    if abs(round(stated, decimals) - stated) > _eps(stated):
+        return False
+    slack = half_unit(decimals) + _eps(stated)
+    return lo <= stated + slack and hi >= stated - slack
+
+
+def ratio_interval(
+    num: float, num_decimals: int | None, den: float, den_decimals: int | None
+) -> tuple[float, float]:
+    """The range of num/den when both were rounded (None: exact); den's interval must stay positive."""
+    hn = 0.0 if num_decimals is None else half_unit(num_decimals)
+    hd = 0.0 if den_decimals is None else half_unit(den_decimals)
+    num_lo, num_hi = max(num - hn, 0.0), num + hn
+    den_lo, den_hi = den - hd, den + hd
+    return num_lo / den_hi, (num_hi / den_lo if den_lo > 0 else math.inf)
+
+
+def decimals_of(value: float) -> int:
+    """Decimals a figure was written with (for figures whose rounding the ledger does not state)."""
+    exponent = Decimal(repr(float(value))).normalize().as_tuple().exponent
+    return max(0, -int(exponent))
+
+
+def _num(x: float) -> str:
+    """A figure as the ledger writes it: 2306 for an int, 3.0 and 88.7 for floats (shortest repr)."""
+    return str(x) if isinstance(x, int) else repr(float(x))
+
+
+def _decimals_word(d: int) -> str:
+    return f"{d} decimal" if d == 1 else f"{d} decimals"
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+# --------------------------------------------------------------------------------------------
+# the audit
+# --------------------------------------------------------------------------------------------
+
+
+class _Audit:
+    """Walks one ledger and collects findings; `bad` is the severity of an inconsistency here."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.reference = ledger.status == "reference"
+        self.bad: Severity = "warning" if self.reference else "error"
+        self.findings: list[Finding] = []
+
+    def add(self, parts: Parts, code: str, message: str, severity: Severity | None = None) -> None:
+        self.findings.append(Finding(severity or self.bad, self.ledger.file, json_path(parts), code, message))
+
+    def verdict(self, parts: Parts, code: str, holds: bool, message: str, *, info: bool) -> None:
+        """Report a rounding check: a failure always, a success as info when asked."""
+        if not holds:
+            self.add(parts, code, message)
+        elif info:
+            self.add(parts, code, message, "info")
+
+    def k_of(self, arm_name: str) -> int | None:
+        """Draft length k from the arm's speculative_config, when known."""
+        try:
+            config = self.ledger.arm(arm_name).get("speculative_config") or {}
+        except KeyError:
+            return None
+        k = config.get("num_speculative_tokens")
+        return k if isinstance(k, int) else None
+
+    # -- points -----------------------------------------------------------------------------
+
+    def points(self) -> None:
+        for i, point in enumerate(self.ledger.points):
+            rounding = self.ledger.rounding_for(point)
+            for arm_name, result in point["arms"].items():
+                parts: Parts = ["points", i, "arms", arm_name]
+                throughput = result.get("output_tokens_per_s")
+                if throughput is not None:
+                    self.throughput(
+                        [*parts, "output_tokens_per_s"], throughput, rounding["output_tokens_per_s"]
+                    )
+                for field, base in (
+                    ("multiplier", self.ledger.baseline_arm_for(arm_name)),
+                    ("multiplier_vs_matched", self.ledger.matched_baseline_for(arm_name)),
+                ):
+                    if field in result:
+                        self.multiplier([*parts, field], point, arm_name, base, result[field], rounding)
+                low_high = result.get("multiplier_range")
+                if low_high is not None and low_high[0] > low_high[1]:
+                    self.add([*parts, "multiplier_range"], "range-order", f"range {low_high} runs backwards")
+                k = self.k_of(arm_name)
+                if "acceptance" in result:
+                    self.acceptance([*parts, "acceptance"], result["acceptance"], k, rounding)
+                per_step = result.get("speculative_tokens_per_step")
+                if per_step is not None and k is not None and per_step > k + _eps(k):
+                    self.add(
+                        [*parts, "speculative_tokens_per_step"],
+                        "draft-length",
+                        f"{_num(per_step)} draft tokens per step exceeds num_speculative_tokens {k}",
+                    )
+
+    def throughput(self, parts: Parts, thr: dict[str, Any], decimals: int) -> None:
+        """median/min/max agree with the repeats (each side rounded: one unit of slack) and are ordered."""
+        median, low, high, repeats = thr.get("median"), thr.get("min"), thr.get("max"), thr.get("repeats")
+        unit = 10.0**-decimals
+        if repeats:
+            for field, exact in (
+                ("median", statistics.median(repeats)),
+                ("min", min(repeats)),
+                ("max", max(repeats)),
+            ):
+                stated = thr.get(field)
+                if stated is not None and abs(stated - exact) > unit + _eps(exact):
+                    self.add(
+                        [*parts, field],
+                        "repeats",
+                        f"{field} {_num(stated)} disagrees with the {field} of the repeats, {_num(exact)}",
+                    )
+        if low is not None and median is not None and low > median + _eps(median):
+            self.add([*parts, "min"], "order", f"min {_num(low)} is above the median {_num(median)}")
+        if high is not None and median is not None and median > high + _eps(high):
+            self.add([*parts, "max"], "order", f"max {_num(high)} is below the median {_num(median)}")
+
+    def multiplier(
+        self,
+        parts: Parts,
+        point: dict[str, Any],
+        arm_name: str,
+        base: str | None,
+        stated: float,
+        rounding: dict[str, int],
+    ) -> None:
+        """A stated multiplier must be a rounding of (arm median / baseline median)."""
+        spec = point["arms"][arm_name].get("output_tokens_per_s", {}).get("median")
+        base_result = point["arms"].get(base, {}) if base else {}
+        base_median = base_result.get("output_tokens_per_s", {}).get("median")
+        if spec is None or base_median is None:
+            return
+        decimals, tps = rounding["multiplier"], rounding["output_tokens_per_s"]
+        if base_median <= 0:
+            self.add(
+                parts, "multiplier-ratio", f"baseline arm {base!r} has median {_num(base_median)}: no ratio"
+            )
+            return
+        lo, hi = ratio_interval(spec, tps, base_median, tps)
+        holds = rounds_to(stated, lo, hi, decimals)
+        ratio = spec / base_median
+        message = f"{spec:.{tps}f}/{base_median:.{tps}f} = {ratio:.3f}, stated as {_num(stated)}: "
+        if holds:
+            message += f"holds at {_decimals_word(decimals)}"
+        else:
+            message += (
+                f"does not hold at {_decimals_word(decimals)} "
+                f"(medians rounded to {_decimals_word(tps)} allow {lo:.4f}..{hi:.4f})"
+            )
+        self.verdict(parts, "multiplier-ratio", holds, message, info=self.reference)
+
+    def acceptance(self, parts: Parts, acc: dict[str, Any], k: int | None, rounding: dict[str, int]) -> None:
+        """Acceptance length/rate/per-position agree with the counters and with k."""
+        length, rate = acc.get("acceptance_length"), acc.get("acceptance_rate")
+        drafts, draft_tokens, accepted = (
+            acc.get("drafts"),
+            acc.get("draft_tokens"),
+            acc.get("accepted_tokens"),
+        )
+        counts, fractions = acc.get("accepted_per_position"), acc.get("per_position")
+        length_range = acc.get("acceptance_length_range")
+        d_len, d_rate = rounding["acceptance_length"], rounding["acceptance_rate"]
+
+        if k is not None:
+            if length is not None and length > k + 1 + _eps(k):
+                self.add(
+                    [*parts, "acceptance_length"],
+                    "acceptance-bound",
+                    f"acceptance length {_num(length)} exceeds k+1 = {k + 1} (num_speculative_tokens {k})",
+                )
+            for j, bound in enumerate(length_range or []):
+                if bound > k + 1 + _eps(k):
+                    self.add(
+                        [*parts, "acceptance_length_range", j],
+                        "acceptance-bound",
+                        f"acceptance length {_num(bound)} exceeds k+1 = {k + 1}",
+                    )
+            if drafts and draft_tokens is not None and draft_tokens > k * drafts:
+                self.add(
+                    [*parts, "draft_tokens"],
+                    "draft-length",
+                    f"{draft_tokens} draft tokens over {drafts} drafts is {draft_tokens / drafts:.3f} "
+                    f"per draft, more than num_speculative_tokens {k}",
+                )
+            for field, values in (("per_position", fractions), ("accepted_per_position", counts)):
+                if values is not None and len(values) > k:
+                    self.add(
+                        [*parts, field],
+                        "draft-length",
+                        f"{len(values)} positions, but num_speculative_tokens is {k}",
+                    )
+        if length_range and length_range[0] > length_range[1]:
+            self.add(
+                [*parts, "acceptance_length_range"], "range-order", f"range {length_range} runs backwards"
+            )
+
+        if drafts is not None and accepted is not None and length is not None:
+            if drafts == 0:
+                if accepted:
+                    self.add(
+                        [*parts, "accepted_tokens"], "counts", f"{accepted} accepted tokens but 0 drafts"
+                    )
+            else:
+                exact = 1 + accepted / drafts
+                self.verdict(
+                    [*parts, "acceptance_length"],
+                    "acceptance-length-counts",
+                    rounds_to(length, exact, exact, d_len),
+                    f"1 + {accepted}/{drafts} = {exact:.4f}, stated as {_num(length)} "
+                    f"(rounding: {_decimals_word(d_len)})",
+                    info=False,
+                )
+        if draft_tokens and accepted is not None and rate is not None:
+            exact = accepted / draft_tokens
+            self.verdict(
+                [*parts, "acceptance_rate"],
+                "acceptance-rate-counts",
+                rounds_to(rate, exact, exact, d_rate),
+                f"{accepted}/{draft_tokens} = {exact:.5f}, stated as {_num(rate)} "
+                f"(rounding: {_decimals_word(d_rate)})",
+                info=False,
+            )
+        if accepted is not None and draft_tokens is not None and accepted > draft_tokens:
+            self.add(
+                [*parts, "accepted_tokens"],
+                "counts",
+                f"{accepted} accepted tokens exceed {draft_tokens} draft tokens",
+            )
+        if counts is not None:
+            self.per_position_counts(parts, counts, fractions, drafts, accepted, d_rate)
+        elif fractions:
+            # Without counters an increase may be the publication's rounding: a warning at most.
+            for i in range(1, len(fractions)):
+                if fractions[i] > fractions[i - 1]:
+                    self.add(
+                        [*parts, "per_position", i],
+                        "per-position-increasing",
+                        f"acceptance at position {i} ({_num(fractions[i])}) exceeds position {i - 1} "
+                        f"({_num(fractions[i - 1])})",
+                        "warning",
+                    )
+
+    def per_position_counts(
+        self,
+        parts: Parts,
+        counts: list[int],
+        fractions: list[float] | None,
+        drafts: int | None,
+        accepted: int | None,
+        d_rate: int,
+    ) -> None:
+        """Counts per position: sum to accepted, never increase, and give the stated fractions.
+
+        Verification accepts a prefix of each draft, so position i+1 is only ever accepted
+        after position i: a count that increases is impossible, not noise.
+        """
+        if accepted is not None and sum(counts) != accepted:
+            self.add(
+                [*parts, "accepted_per_position"],
+                "counts",
+                f"accepted_per_position sums to {sum(counts)}, accepted_tokens is {accepted}",
+            )
+        for i in range(1, len(counts)):
+            if counts[i] > counts[i - 1]:
+                self.add(
+                    [*parts, "accepted_per_position", i],
+                    "per-position-increasing",
+                    f"{counts[i]} accepted at position {i} but only {counts[i - 1]} at position {i - 1}: "
+                    "a draft token is accepted only after every token before it",
+                )
+        if fractions is not None and len(fractions) != len(counts):
+            self.add(
+                [*parts, "per_position"],
+                "counts",
+                f"{len(fractions)} per-position fractions for {len(counts)} per-position counts",
+            )
+        if not drafts:
+            return
+        for i, count in enumerate(counts):
+            if count > drafts:
+                self.add(
+                    [*parts, "accepted_per_position", i],
+                    "counts",
+                    f"{count} accepted at position {i} of {drafts} drafts",
+                )
+            if fractions is not None and i < len(fractions):
+                exact = count / drafts
+                self.verdict(
+                    [*parts, "per_position", i],
+                    "per-position-counts",
+                    rounds_to(fractions[i], exact, exact, d_rate),
+                    f"{count}/{drafts} = {exact:.5f}, stated as {_num(fractions[i])} "
+                    f"(rounding: {_decimals_word(d_rate)})",
+                    info=False,
+                )
+
+    # -- KV cache and sessions --------------------------------------------------------------
+
+    def kv_cache(self) -> None:
+        d_sessions = self.ledger.rounding["sessions"]
+        for i, arm in enumerate(self.ledger.arms):
+            kv = arm.get("kv_cache") or {}
+            tokens = kv.get("tokens")
+            blocks, block_size = kv.get("num_blocks"), kv.get("block_size")
+            if (
+                tokens is not None
+                and blocks is not None
+                and block_size is not None
+                and tokens != blocks * block_size
+            ):
+                self.add(
+                    ["arms", i, "kv_cache", "tokens"],
+                    "kv-tokens",
+                    f"{tokens} tokens, but {blocks} blocks x {block_size} = {blocks * block_size}",
+                )
+            if tokens is not None:
+                for j, entry in enumerate(arm.get("sessions") or []):
+                    exact = theory.sessions(tokens, entry["context_tokens"])
+                    self.verdict(
+                        ["arms", i, "sessions", j, "sessions"],
+                        "sessions",
+                        rounds_to(entry["sessions"], exact, exact, d_sessions),
+                        f"{tokens}/{entry['context_tokens']} = {exact:.4f} sessions, stated as "
+                        f"{_num(entry['sessions'])} (rounding: {_decimals_word(d_sessions)})",
+                        info=False,
+                    )
+            if "change_vs_baseline" in kv:
+                self.kv_change(i, arm, kv["change_vs_baseline"], d_sessions)
+
+    def kv_change_interval(
+        self, arm: dict[str, Any], context: int | None = None
+    ) -> tuple[float, float, str] | None:
+        """Exact-ish relative KV change against the baseline arm: from tokens, else from sessions.
+
+        Returns (lo, hi, how) or None when neither the tokens nor sessions at a shared context exist.
+        """
+        base_name = self.ledger.baseline_arm_for(arm["name"])
+        if base_name is None:
+            return None
+        base = self.ledger.arm(base_name)
+        tokens, base_tokens = (
+            (arm.get("kv_cache") or {}).get("tokens"),
+            (base.get("kv_cache") or {}).get("tokens"),
+        )
+        if tokens is not None and base_tokens:
+            exact = tokens / base_tokens - 1
+            return exact, exact, f"{tokens}/{base_tokens} - 1 = {exact:.4f}"
+        mine = {s["context_tokens"]: s["sessions"] for s in arm.get("sessions") or []}
+        theirs = {s["context_tokens"]: s["sessions"] for s in base.get("sessions") or []}
+        shared = [c for c in mine if c in theirs and (context is None or c == context)]
+        if not shared or not theirs[shared[0]]:
+            return None
+        ctx, d = shared[0], self.ledger.rounding["sessions"]
+        lo, hi = ratio_interval(mine[ctx], d, theirs[ctx], d)
+        ratio = mine[ctx] / theirs[ctx]
+        how = (
+            f"sessions at {ctx} tokens {_num(mine[ctx])}/{_num(theirs[ctx])} = {ratio:.3f} "
+            f"(change {ratio - 1:+.3f}; rounding allows {lo - 1:+.4f}..{hi - 1:+.4f})"
+        )
+        return lo - 1, hi - 1, how
+
+    def kv_change(self, i: int, arm: dict[str, Any], stated: float, d_sessions: int) -> None:
+        found = self.kv_change_interval(arm)
+        if found is None:
+            return
+        lo, hi, how = found
+        decimals = decimals_of(stated)
+        holds = rounds_to(stated, lo, hi, decimals)
+        verb = "holds" if holds else "does not hold"
+        self.verdict(
+            ["arms", i, "kv_cache", "change_vs_baseline"],
+            "kv-change",
+            holds,
+            f"{how}, stated as {_num(stated)}: {verb} at {_decimals_word(decimals)}",
+            info=self.reference,
+        )
+
+    # -- critical concurrency ---------------------------------------------------------------
+
+    def curve(self, arm: str, workload: str, temperature: Any) -> tuple[list[int], list[float]]:
+        """(concurrencies, multipliers) for one arm/workload/temperature; concurrency null skipped."""
+        points = [p for p in self.ledger.points if p["workload"] == workload and p["concurrency"] is not None]
+        if temperature is not _ANY:
+            points = [p for p in points if p["temperature"] == temperature]
+        pairs = []
+        for p in points:
+            m = point_multiplier(self.ledger, p, arm)
+            if m is not None:
+                pairs.append((p["concurrency"], m))
+        pairs.sort()
+        return [c for c, _ in pairs], [m for _, m in pairs]
+
+    def critical(self) -> None:
+        for j, stated in enumerate(self.ledger.data.get("critical_concurrency", [])):
+            parts: Parts = ["critical_concurrency", j]
+            temperature = stated.get("temperature", _ANY)
+            if temperature is _ANY:
+                temps = {p["temperature"] for p in self.ledger.points if p["workload"] == stated["workload"]}
+                if len(temps) > 1:
+                    self.add(
+                        parts,
+                        "critical",
+                        f"no temperature given, but the points have several: {sorted(temps, key=str)}",
+                    )
+                    continue
+            concurrencies, multipliers = self.curve(stated["arm"], stated["workload"], temperature)
+            if not concurrencies:
+                self.add(
+                    parts, "critical", "no points with a concurrency and a multiplier to check it against"
+                )
+                continue
+            crossing = theory.critical_concurrency(concurrencies, multipliers)
+            computed_crosses = crossing.kind == "crosses"
+            ok = True
+            if stated["crosses"] != computed_crosses:
+                ok = False
+                self.add(
+                    [*parts, "crosses"],
+                    "critical",
+                    f"stated crosses={str(stated['crosses']).lower()}, the points say: {crossing.describe()}",
+                )
+            between = stated.get("between")
+            if between is not None and (crossing.between is None or tuple(between) != crossing.between):
+                ok = False
+                self.add(
+                    [*parts, "between"],
+                    "critical",
+                    f"stated between {between}, the points say: {crossing.describe()}",
+                )
+            value = stated.get("value")
+            if value is not None:
+                if crossing.value is None:
+                    ok = False
+                    self.add(
+                        [*parts, "value"],
+                        "critical",
+                        f"stated value {_num(value)}, the points say: {crossing.describe()}",
+                    )
+                elif abs(math.log2(value) - math.log2(crossing.value)) > CRITICAL_LOG2_TOLERANCE:
+                    ok = False
+                    self.add(
+                        [*parts, "value"],
+                        "critical",
+                        f"stated {_num(value)}, the points say {crossing.describe()}: "
+                        f"more than {CRITICAL_LOG2_TOLERANCE} apart in log2 concurrency",
+                    )
+            if ok and self.reference:
+                self.add(parts, "critical", f"holds: {crossing.describe()}", "info")
+
+    # -- claims -----------------------------------------------------------------------------
+
+    def claims(self) -> None:
+        for j, claim in enumerate(self.ledger.data.get("claims", [])):
+            parts: Parts = ["claims", j]
+            try:
+                lo, hi, how = self.claim_interval(claim)
+            except _Unresolved as e:
+                self.add(parts, "claim", f"{claim['text']!r}: {e}")
+                continue
+            decimals = claim["decimals"]
+            holds = rounds_to(claim["value"], lo, hi, decimals)
+            verb = "holds" if holds else "does not hold"
+            self.verdict(
+                [*parts, "value"],
+                "claim",
+                holds,
+                f"{how}, stated as {claim['text']}: {verb} at {_decimals_word(decimals)}",
+                info=True,
+            )
+
+    def claim_arm(self, claim: dict[str, Any]) -> str:
+        if "arm" in claim:
+            return claim["arm"]
+        arms = self.ledger.speculative_arms()
+        if len(arms) != 1:
+            raise _Unresolved(f"names no arm, and the ledger has {len(arms)} speculative arms")
+        return arms[0]["name"]
+
+    def claim_point(self, claim: dict[str, Any], arm: str) -> dict[str, Any]:
+        """The one point the claim names (fields it leaves out match anything) that has the arm."""
+        matches = [
+            p
+            for p in self.ledger.points
+            if arm in p["arms"]
+            and all(
+                field not in claim
+                or (p[field] if field != "temperature" else Ledger.point_key(p)[1]) == claim[field]
+                for field in ("workload", "temperature", "concurrency")
+            )
+        ]
+        if len(matches) != 1:
+            raise _Unresolved(
+                f"matches {len(matches)} points for arm {arm!r}; name workload, temperature, concurrency"
+            )
+        return matches[0]
+
+    def claim_interval(self, claim: dict[str, Any]) -> tuple[float, float, str]:
+        """(lo, hi, explanation) of the exact value behind a claim, from the most raw figures present."""
+        metric, arm = claim["metric"], self.claim_arm(claim)
+        if metric in ("sessions", "kv_cache_change"):
+            arm_data = self.ledger.arm(arm)
+            context = claim.get("context_tokens")
+            if metric == "kv_cache_change":
+                found = self.kv_change_interval(arm_data, context)
+                if found is None:
+                    raise _Unresolved(
+                        f"arm {arm!r} and its baseline have no KV tokens or sessions at a shared context"
+                    )
+                return found
+            entries = [
+                s for s in arm_data.get("sessions") or [] if context is None or s["context_tokens"] == context
+            ]
+            if len(entries) != 1:
+                raise _Unresolved(f"arm {arm!r} has {len(entries)} sessions entries at context {context}")
+            tokens = (arm_data.get("kv_cache") or {}).get("tokens")
+            ctx = entries[0]["context_tokens"]
+            if tokens is not None:
+                exact = theory.sessions(tokens, ctx)
+                return exact, exact, f"{tokens}/{ctx} = {exact:.3f} sessions"
+            return self.stated_interval(entries[0]["sessions"], self.ledger.rounding["sessions"], "sessions")
+
+        point = self.claim_point(claim, arm)
+        rounding = self.ledger.rounding_for(point)
+        result = point["arms"][arm]
+        if metric == "multiplier":
+            base = self.ledger.baseline_arm_for(arm)
+            spec = result.get("output_tokens_per_s", {}).get("median")
+            base_median = (
+                point["arms"].get(base, {}).get("output_tokens_per_s", {}).get("median") if base else None
+            )
+            if spec is not None and base_median:
+                d = rounding["output_tokens_per_s"]
+                lo, hi = ratio_interval(spec, d, base_median, d)
+                return lo, hi, f"{spec:.{d}f}/{base_median:.{d}f} = {spec / base_median:.3f}"
+            if "multiplier" in result:
+                return self.stated_interval(result["multiplier"], rounding["multiplier"], "multiplier")
+            raise _Unresolved(f"point has neither medians nor a multiplier for arm {arm!r}")
+        if metric == "acceptance_length":
+            acc = result.get("acceptance", {})
+            if acc.get("drafts") and acc.get("accepted_tokens") is not None:
+                exact = 1 + acc["accepted_tokens"] / acc["drafts"]
+                return exact, exact, f"1 + {acc['accepted_tokens']}/{acc['drafts']} = {exact:.3f}"
+            if "acceptance_length" in acc:
+                return self.stated_interval(
+                    acc["acceptance_length"], rounding["acceptance_length"], "acceptance length"
+                )
+            raise _Unresolved(f"point has no acceptance length for arm {arm!r}")
+        median = result.get("output_tokens_per_s", {}).get("median")
+        if median is None:
+            raise _Unresolved(f"point has no output tokens/s for arm {arm!r}")
+        return self.stated_interval(median, rounding["output_tokens_per_s"], "median output tokens/s")
+
+    @staticmethod
+    def stated_interval(value: float, decimals: int, what: str) -> tuple[float, float, str]:
+        h = half_unit(decimals)
+        return (
+            value - h,
+            value + h,
+            f"{what} {_num(value)} (rounded to {_decimals_word(decimals)}: {value - h:g}..{value + h:g})",
+        )
+
+    # -- mix --------------------------------------------------------------------------------
+
+    def mix(self) -> None:
+        mix = self.ledger.data.get("workload_mix")
+        if not mix:
+            return
+        total = math.fsum(mix["shares"].values())
+        if abs(total - 1.0) > 1e-6:
+            self.add(["workload_mix", "shares"], "mix", f"shares sum to {total:.6g}, not 1")
+
+    def run(self) -> list[Finding]:
+        self.points()
+        self.kv_cache()
+        self.critical()
+        self.claims()
+        self.mix()
+        return self.findings
+
+
+class _Unresolved(Exception):
+    """A claim or crossing names something the ledger does not pin down."""
+
+
+_ANY = object()
+
+
+def point_multiplier(ledger: Ledger, point: dict[str, Any], arm: str) -> float | None:
+    """The arm's multiplier at a point: as stated, else the ratio of medians, else None."""
+    result = point["arms"].get(arm)
+    if result is None:
+        return None
+    if result.get("multiplier") is not None:
+        return result["multiplier"]
+    base = ledger.baseline_arm_for(arm)
+    spec = result.get("output_tokens_per_s", {}).get("median")
+    base_median = point["arms"].get(base, {}).get("output_tokens_per_s", {}).get("median") if base else None
+    if spec is not None and base_median:
+        return spec / base_median
+    return None
+
+
+def audit_ledger(ledger: Ledger) -> list[Finding]:
+    """Every consistency finding for one loaded ledger, in ledger order."""
+    return _Audit(ledger).run()
+
+
+def audit_paths(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Finding], list[Problem]]:
+    """Load and audit every ledger under `paths` (directories expand to *.json).
+
+    A ledger that fails to load contributes its problems instead of findings; the rest are
+    still audited. A path that does not exist raises FileNotFoundError.
+    """
+    findings: list[Finding] = []
+    problems: list[Problem] = []
+    for path in iter_ledger_paths(paths):
+        try:
+            ledger = load_ledger(path)
+        except LedgerError as e:
+            problems.extend(e.problems)
+            continue
+        findings.extend(audit_ledger(ledger))
+    return findings, problems
+
+
+def at_least(findings: Sequence[Finding], severity: Severity) -> list[Finding]:
+    """The findings at or above `severity`."""
+    rank = SEVERITIES.index(severity)
+    return [f for f in findings if SEVERITIES.index(f.severity) >= rank]

@@ -1,0 +1,92 @@
+"""Verify a fresh measurement against a committed point: pure, so it is unit-tested without engines.
+
+Multiplier is compared relatively (it is a ratio of two noisy throughputs), acceptance
+length absolutely (tokens per step; at temperature 0 it is nearly deterministic).
+Failure messages show measured, committed, tolerance and the repeat spread of both,
+since a verifier's first question is whether the tolerance or the measurement is wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from specledger.schema import Ledger
+
+
+@dataclass(frozen=True)
+class Check:
+    metric: str
+    committed: float
+    measured: float
+    low: float
+    high: float
+    tolerance: str
+
+    @property
+    def ok(self) -> bool:
+        return self.low <= self.measured <= self.high
+
+    def line(self) -> str:
+        verdict = "ok" if self.ok else "OUT OF TOLERANCE"
+        return (f"{self.metric}: measured {self.measured:.3f}, committed {self.committed:.3f} "
+                f"(tolerance {self.tolerance}: {self.low:.3f}..{self.high:.3f}) {verdict}")
+
+
+@dataclass
+class Comparison:
+    checks: list[Check] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def message(self, test_id: str) -> str:
+        head = f"{test_id}: {'within' if self.ok else 'outside'} the ledger's tolerance"
+        return "\n".join([head, *("  " + c.line() for c in self.checks), *("  " + n for n in self.notes)])
+
+
+def spread(arm_result: Mapping[str, Any] | None) -> float | None:
+    """(max - min) / median of an arm's repeats: the run-to-run noise of that point."""
+    tps = (arm_result or {}).get("output_tokens_per_s") or {}
+    if not tps.get("median") or tps.get("min") is None or tps.get("max") is None:
+        return None
+    return (tps["max"] - tps["min"]) / tps["median"]
+
+
+def compare_point(ledger: Ledger, arm: str, committed: Mapping[str, Any], measured: Mapping[str, Any]
+                  ) -> Comparison:
+    tol = ledger.tolerances
+    result = Comparison()
+    c_arm, m_arm = committed["arms"].get(arm), measured["arms"].get(arm)
+    if c_arm is None or m_arm is None:
+        result.checks.append(Check("arm present", 1.0, 0.0, 1.0, 1.0, f"arm {arm!r} missing"))
+        return result
+    if c_arm.get("multiplier") is not None and m_arm.get("multiplier") is not None:
+        rel = float(tol["multiplier_rel"])
+        c = float(c_arm["multiplier"])
+        result.checks.append(Check("multiplier", c, float(m_arm["multiplier"]), c * (1 - rel), c * (1 + rel),
+                                   f"±{rel:.0%}"))
+    c_acc, m_acc = c_arm.get("acceptance") or {}, m_arm.get("acceptance") or {}
+    if c_acc.get("acceptance_length") is not None:
+        absl = float(tol["acceptance_length_abs"])
+        c = float(c_acc["acceptance_length"])
+        m = m_acc.get("acceptance_length")
+        if m is None:
+            result.checks.append(Check("acceptance_length", c, float("nan"), c - absl, c + absl,
+                                       "no drafts were counted in the measurement"))
+        else:
+            result.checks.append(Check("acceptance_length", c, float(m), c - absl, c + absl, f"±{absl:g}"))
+    base = ledger.baseline_arm_for(arm)
+    for label, point in (("measured", measured), ("committed", committed)):
+        parts = []
+        for name in (arm, base):
+            s = spread(point["arms"].get(name)) if name else None
+            if s is not None:
+                med = point["arms"][name]["output_tokens_per_s"]["median"]
+                parts.append(f"{name} {med:.1f} tok/s (repeat spread {s:.1%})")
+        if parts:
+            result.notes.append(f"{label}: " + ", ".join(parts))
+    return result

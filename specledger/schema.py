@@ -1,0 +1,626 @@
+"""The ledger format: JSON Schema, loading, validation errors with file + JSON path, atomic writes.
+
+A ledger is data, never code: it is parsed with `json` (no pickle, no eval), checked against
+the packaged JSON Schema and then against the rules a schema cannot express (unique names,
+references between sections). Every problem names the file and the JSON path of the value it
+is about, and all problems are collected before raising once, so one run shows everything to
+fix. This module knows nothing about vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+__all__ = [
+    "DEFAULT_ROUNDING",
+    "DEFAULT_TOLERANCES",
+    "SCHEMA_PATH",
+    "SCHEMA_VERSION",
+    "Ledger",
+    "LedgerError",
+    "Problem",
+    "dump_ledger",
+    "iter_ledger_paths",
+    "json_path",
+    "load_ledger",
+    "load_schema",
+    "parse_ledger",
+    "write_ledger",
+]
+
+SCHEMA_VERSION = 1
+#: The packaged schema file (a real path for any normal, non-zipped install).
+SCHEMA_PATH: Traversable = resources.files("specledger").joinpath(
+    f"schemas/ledger-v{SCHEMA_VERSION}.schema.json"
+)
+
+#: How far a verification may land from committed figures when the ledger does not say.
+DEFAULT_TOLERANCES: Mapping[str, float] = {
+    "multiplier_rel": 0.15,
+    "output_tokens_per_s_rel": 0.25,
+    "acceptance_length_abs": 0.15,
+}
+#: Decimals each stored figure is rounded to when the ledger does not say.
+DEFAULT_ROUNDING: Mapping[str, int] = {
+    "multiplier": 3,
+    "output_tokens_per_s": 1,
+    "acceptance_length": 3,
+    "acceptance_rate": 4,
+    "sessions": 2,
+}
+
+_MAX_MESSAGE = 240
+_PLAIN_KEY = re.compile(r"^[a-zA-Z][a-zA-Z0-9_]*$")
+
+
+@cache
+def load_schema() -> dict[str, Any]:
+    """The ledger JSON Schema (parsed once per process)."""
+    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+
+
+@cache
+def _validator() -> Draft202012Validator:
+    return Draft202012Validator(load_schema())
+
+
+def json_path(parts: Iterable[str | int]) -> str:
+    """A JSON path written the way `jsonschema`'s `error.json_path` writes it, e.g. `$.points[3].arms`."""
+    path = "$"
+    for part in parts:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif _PLAIN_KEY.match(part):
+            path += f".{part}"
+        else:
+            escaped = part.replace("\\", "\\\\").replace("'", "\\'")
+            path += f"['{escaped}']"
+    return path
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason a ledger cannot be loaded, located by file and JSON path."""
+
+    file: str
+    json_path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.json_path}: {self.message}"
+
+
+class LedgerError(ValueError):
+    """A ledger failed to load; carries every problem found, not only the first."""
+
+    def __init__(self, problems: Sequence[Problem]) -> None:
+        self.problems: list[Problem] = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+    def __str__(self) -> str:
+        return "\n".join(str(p) for p in self.problems)
+
+
+# --------------------------------------------------------------------------------------------
+# the Ledger view
+# --------------------------------------------------------------------------------------------
+
+PointKey = tuple[str, float | None, int | None]
+
+
+@dataclass
+class Ledger:
+    """A validated ledger: the raw JSON (`data`, key order kept) plus lookups over it.
+
+    `data` stays a plain dict so that record mode can update it and write it back unchanged
+    apart from what it measured.
+    """
+
+    path: Path | None
+    data: dict[str, Any]
+
+    @property
+    def file(self) -> str:
+        """The name problems and findings use for this ledger."""
+        return str(self.path) if self.path is not None else "<ledger>"
+
+    @property
+    def id(self) -> str:
+        return self.data["id"]
+
+    @property
+    def status(self) -> str:
+        return self.data["status"]
+
+    @property
+    def arms(self) -> list[dict[str, Any]]:
+        return self.data["arms"]
+
+    @property
+    def workloads(self) -> list[dict[str, Any]]:
+        return self.data["workloads"]
+
+    @property
+    def points(self) -> list[dict[str, Any]]:
+        return self.data["points"]
+
+    def arm(self, name: str) -> dict[str, Any]:
+        """The arm called `name`; KeyError if there is none (a validated ledger never names one)."""
+        for arm in self.arms:
+            if arm["name"] == name:
+                return arm
+        raise KeyError(f"ledger {self.id!r} has no arm {name!r}")
+
+    def workload(self, name: str) -> dict[str, Any]:
+        """The workload called `name`; KeyError if there is none."""
+        for workload in self.workloads:
+            if workload["name"] == name:
+                return workload
+        raise KeyError(f"ledger {self.id!r} has no workload {name!r}")
+
+    def _arm_with_role(self, role: str) -> str | None:
+        return next((a["name"] for a in self.arms if a["role"] == role), None)
+
+    def baseline_arm_for(self, arm_name: str) -> str | None:
+        """The arm `arm_name`'s multiplier is taken against: its `baseline`, else the role-baseline arm.
+
+        None for the baseline itself (nothing to compare against) or when there is no baseline.
+        """
+        chosen = self.arm(arm_name).get("baseline") or self._arm_with_role("baseline")
+        return None if chosen == arm_name else chosen
+
+    def matched_baseline_for(self, arm_name: str) -> str | None:
+        """The arm behind `multiplier_vs_matched`: its `matched_baseline`, else the matched-baseline arm."""
+        chosen = self.arm(arm_name).get("matched_baseline") or self._arm_with_role("matched-baseline")
+        return None if chosen == arm_name else chosen
+
+    def speculative_arms(self) -> list[dict[str, Any]]:
+        """Arms that carry a multiplier: role speculative or policy, in ledger order."""
+        return [a for a in self.arms if a["role"] in ("speculative", "policy")]
+
+    @staticmethod
+    def point_key(point: Mapping[str, Any]) -> PointKey:
+        """(workload, temperature, concurrency) with temperature as float, so 0 and 0.0 are one key."""
+        temperature = point.get("temperature")
+        return (
+            point["workload"],
+            None if temperature is None else float(temperature),
+            point.get("concurrency"),
+        )
+
+    def find_point(self, workload: str, temperature: float | None, concurrency: int | None) -> dict | None:
+        """The point measured at these conditions, or None."""
+        wanted = self.point_key(
+            {"workload": workload, "temperature": temperature, "concurrency": concurrency}
+        )
+        return next((p for p in self.points if self.point_key(p) == wanted), None)
+
+    @property
+    def tolerances(self) -> dict[str, float]:
+        """The ledger's tolerances over the defaults."""
+        return {**DEFAULT_TOLERANCES, **self.data.get("tolerances", {})}
+
+    @property
+    def rounding(self) -> dict[str, int]:
+        """The ledger's rounding (decimals per figure) over the defaults."""
+        return {**DEFAULT_ROUNDING, **self.data.get("rounding", {})}
+
+    def rounding_for(self, point: Mapping[str, Any]) -> dict[str, int]:
+        """Rounding for one point: its own `rounding` override over the ledger's."""
+        return {**self.rounding, **point.get("rounding", {})}
+
+    def grid(self) -> Iterator[PointKey]:
+        """Every (workload, temperature, concurrency) the `sweep` asks for, each once, in a stable order.
+
+        The full grid is sweep.workloads (default: all, in ledger order) x temperatures x
+        concurrencies; then the `only` extras, whose workloads default to the sweep's.
+        Temperatures come out as floats. No sweep, no grid.
+        """
+        sweep = self.data.get("sweep")
+        if not sweep:
+            return
+        workloads = sweep.get("workloads") or [w["name"] for w in self.workloads]
+        seen: set[PointKey] = set()
+
+        def emit(names: Iterable[str], temperatures: Iterable[float], concurrencies: Iterable[int]):
+            for name in names:
+                for temperature in temperatures:
+                    for concurrency in concurrencies:
+                        key = (name, float(temperature), concurrency)
+                        if key not in seen:
+                            seen.add(key)
+                            yield key
+
+        yield from emit(workloads, sweep["temperatures"], sweep["concurrencies"])
+        for extra in sweep.get("only", []):
+            yield from emit(
+                extra.get("workloads") or workloads, [extra["temperature"]], extra["concurrencies"]
+            )
+
+    def is_gpu(self) -> bool:
+        """Whether this ledger's figures come from (or are meant for) a CUDA GPU.
+
+        Measured and reference ledgers say so in `provenance.accelerator.kind`. A planned
+        ledger may state the same field ahead of the run; failing that, an `engine_args`
+        `device` of "cuda" (shared, or on any arm) marks it as a GPU ledger. Anything else
+        is not a GPU ledger, so a plain CPU `pytest` never selects it by accident.
+        """
+        accelerator = self.data.get("provenance", {}).get("accelerator")
+        if accelerator is not None:
+            return accelerator.get("kind") == "cuda"
+        if self.status != "planned":
+            return False
+        args = [self.data.get("engine_args", {})] + [a.get("engine_args", {}) for a in self.arms]
+        return any(str(a.get("device", "")).lower() == "cuda" for a in args)
+
+
+# --------------------------------------------------------------------------------------------
+# parsing
+# --------------------------------------------------------------------------------------------
+
+
+class _NonFinite:
+    """Stands in for a NaN/Infinity literal (or an overflowing number) until its path is known."""
+
+    __slots__ = ("literal",)
+
+    def __init__(self, literal: str) -> None:
+        self.literal = literal
+
+
+class _Object(dict):
+    """A JSON object that remembers keys it saw twice (plain `json` keeps the last silently)."""
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        super().__init__()
+        self.duplicates: list[str] = []
+        for key, value in pairs:
+            if key in self:
+                self.duplicates.append(key)
+            self[key] = value
+
+
+def _parse_float(text: str) -> float | _NonFinite:
+    value = float(text)
+    return value if math.isfinite(value) else _NonFinite(text)
+
+
+def _plain(value: Any, parts: list[str | int], file: str, problems: list[Problem]) -> Any:
+    """Plain JSON values from the hooked parse; reports non-finite numbers and duplicate keys."""
+    if isinstance(value, _NonFinite):
+        problems.append(
+            Problem(file, json_path(parts), f"{value.literal} is not a finite number; ledgers allow none")
+        )
+        return None
+    if isinstance(value, dict):
+        for key in getattr(value, "duplicates", ()):
+            problems.append(
+                Problem(
+                    file, json_path([*parts, key]), f"duplicate key {key!r} (JSON would keep only the last)"
+                )
+            )
+        return {k: _plain(v, [*parts, k], file, problems) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v, [*parts, i], file, problems) for i, v in enumerate(value)]
+    return value
+
+
+def _decode(text: str, file: str) -> Any:
+    """Parse JSON text, raising LedgerError for anything that is not strict, finite, unambiguous JSON."""
+    if not text.strip():
+        raise LedgerError([Problem(file, "$", "empty file: expected a JSON object")])
+    try:
+        raw = json.loads(
+            text,
+            parse_constant=_NonFinite,
+            parse_float=_parse_float,
+            object_pairs_hook=_Object,
+        )
+    except json.JSONDecodeError as e:
+        truncated = e.pos >= len(text.rstrip())
+        what = "JSON ends early (truncated file?)" if truncated else "invalid JSON"
+        raise LedgerError(
+            [Problem(file, "$", f"{what} at line {e.lineno}, column {e.colno}: {e.msg}")]
+        ) from None
+    except RecursionError:
+        raise LedgerError([Problem(file, "$", "JSON nested too deeply")]) from None
+    problems: list[Problem] = []
+    data = _plain(raw, [], file, problems)
+    if problems:
+        raise LedgerError(problems)
+    return data
+
+
+def _sort_key(error: Any) -> tuple:
+    return tuple((0, p, "") if isinstance(p, int) else (1, 0, p) for p in error.absolute_path), error.message
+
+
+def _shorten(message: str) -> str:
+    return message if len(message) <= _MAX_MESSAGE else message[: _MAX_MESSAGE - 3] + "..."
+
+
+def _schema_problems(data: dict[str, Any], file: str) -> list[Problem]:
+    """Every JSON Schema error, sorted by path; unknown fields are reported at the field itself."""
+    problems: list[Problem] = []
+    for error in sorted(_validator().iter_errors(data), key=_sort_key):
+        parts = list(error.absolute_path)
+        if error.validator == "additionalProperties" and error.validator_value is False:
+            known = set(error.schema.get("properties", {}))
+            patterns = [re.compile(p) for p in error.schema.get("patternProperties", {})]
+            for key in error.instance:
+                if key not in known and not any(p.search(key) for p in patterns):
+                    problems.append(
+                        Problem(
+                            file,
+                            json_path([*parts, key]),
+                            f"unknown field {key!r} (schema version 1 has no such field)",
+                        )
+                    )
+            continue
+        message = error.message
+        alternatives = error.validator_value if error.validator == "anyOf" else None
+        if alternatives and all(set(a) == {"required"} for a in alternatives):
+            names = ", ".join(n for a in alternatives for n in a["required"])
+            message = f"needs one of the fields: {names}"
+            if isinstance(error.instance, dict) and "role" in error.instance:
+                message = f"an arm with role {error.instance['role']!r} {message}"
+        problems.append(Problem(file, json_path(parts), _shorten(message)))
+    return problems
+
+
+def _named(items: Any) -> list[tuple[int, dict[str, Any]]]:
+    """(index, item) for the list entries that are objects with a string name."""
+    if not isinstance(items, list):
+        return []
+    return [(i, x) for i, x in enumerate(items) if isinstance(x, dict) and isinstance(x.get("name"), str)]
+
+
+def _unique_names(section: str, items: Any, file: str) -> tuple[set[str], list[Problem]]:
+    problems: list[Problem] = []
+    first: dict[str, int] = {}
+    for i, item in _named(items):
+        name = item["name"]
+        if name in first:
+            problems.append(
+                Problem(
+                    file,
+                    json_path([section, i, "name"]),
+                    f"{section[:-1]} name {name!r} is already used by {json_path([section, first[name]])}",
+                )
+            )
+        else:
+            first[name] = i
+    return set(first), problems
+
+
+def _semantic_problems(data: dict[str, Any], file: str) -> list[Problem]:
+    """The rules JSON Schema cannot express. Defensive about types: the schema reports those."""
+    arm_names, problems = _unique_names("arms", data.get("arms"), file)
+    workload_names, more = _unique_names("workloads", data.get("workloads"), file)
+    problems += more
+    status = data.get("status")
+
+    def unknown(kind: str, known: set[str], name: Any, parts: list[str | int]) -> None:
+        if isinstance(name, str) and name not in known:
+            problems.append(Problem(file, json_path(parts), f"names an unknown {kind} {name!r}"))
+
+    for i, arm in _named(data.get("arms")):
+        for field in ("baseline", "matched_baseline"):
+            if field in arm:
+                unknown("arm", arm_names, arm[field], ["arms", i, field])
+                if arm[field] == arm["name"]:
+                    problems.append(
+                        Problem(file, json_path(["arms", i, field]), "an arm cannot be its own baseline")
+                    )
+
+    if status == "measured":
+        provenance = data.get("provenance")
+        if not isinstance(provenance, dict):
+            problems.append(
+                Problem(file, "$", "a measured ledger needs provenance (engine, date, accelerator)")
+            )
+        else:
+            for field in ("engine", "date", "accelerator"):
+                if field not in provenance:
+                    problems.append(
+                        Problem(
+                            file, json_path(["provenance"]), f"a measured ledger's provenance needs {field!r}"
+                        )
+                    )
+
+    seen: dict[PointKey, int] = {}
+    points = data.get("points")
+    for i, point in enumerate(points if isinstance(points, list) else []):
+        if not isinstance(point, dict):
+            continue
+        unknown("workload", workload_names, point.get("workload"), ["points", i, "workload"])
+        arms = point.get("arms")
+        for name, result in arms.items() if isinstance(arms, dict) else ():
+            unknown("arm", arm_names, name, ["points", i, "arms", name])
+            if status != "reference" and isinstance(result, dict) and "multiplier_range" in result:
+                problems.append(
+                    Problem(
+                        file,
+                        json_path(["points", i, "arms", name, "multiplier_range"]),
+                        "multiplier_range is for reference ledgers only; "
+                        "a measured point states one multiplier",
+                    )
+                )
+        if status == "measured":
+            for field in ("temperature", "concurrency"):
+                if field in point and point[field] is None:
+                    problems.append(
+                        Problem(
+                            file,
+                            json_path(["points", i, field]),
+                            f"a measured point needs a {field}, not null",
+                        )
+                    )
+        try:
+            key = Ledger.point_key(point)
+            hash(key)
+        except (KeyError, TypeError, ValueError):
+            continue
+        if key in seen:
+            problems.append(
+                Problem(
+                    file,
+                    json_path(["points", i]),
+                    f"duplicate point (workload {key[0]!r}, temperature {key[1]}, concurrency {key[2]}): "
+                    f"$.points[{seen[key]}] and $.points[{i}] have the same conditions",
+                )
+            )
+        else:
+            seen[key] = i
+
+    for section in ("critical_concurrency", "claims"):
+        entries = data.get(section)
+        for i, entry in enumerate(entries if isinstance(entries, list) else []):
+            if isinstance(entry, dict):
+                unknown("arm", arm_names, entry.get("arm"), [section, i, "arm"])
+                unknown("workload", workload_names, entry.get("workload"), [section, i, "workload"])
+
+    sweep = data.get("sweep")
+    if isinstance(sweep, dict):
+        lists = [(["sweep", "workloads"], sweep.get("workloads"))]
+        only = sweep.get("only")
+        lists += [
+            (["sweep", "only", j, "workloads"], o.get("workloads"))
+            for j, o in enumerate(only or [])
+            if isinstance(o, dict)
+        ]
+        for parts, names in lists:
+            for j, name in enumerate(names if isinstance(names, list) else []):
+                unknown("workload", workload_names, name, [*parts, j])
+
+    mix = data.get("workload_mix")
+    shares = mix.get("shares") if isinstance(mix, dict) else None
+    for name in shares if isinstance(shares, dict) else ():
+        unknown("workload", workload_names, name, ["workload_mix", "shares", name])
+    return problems
+
+
+def parse_ledger(text: str, file: str) -> Ledger:
+    """Parse and fully validate ledger text; `file` is the name every problem carries.
+
+    Raises LedgerError listing every problem found.
+    """
+    data = _decode(text, file)
+    if not isinstance(data, dict):
+        kind = "an array" if isinstance(data, list) else f"a JSON {type(data).__name__}"
+        raise LedgerError([Problem(file, "$", f"a ledger must be a JSON object, got {kind}")])
+    version = data.get("schema_version", SCHEMA_VERSION)
+    if type(version) is not int or version != SCHEMA_VERSION:
+        raise LedgerError(
+            [
+                Problem(
+                    file,
+                    "$.schema_version",
+                    f"unknown schema_version {json.dumps(version)}; "
+                    f"this specledger reads version {SCHEMA_VERSION}",
+                )
+            ]
+        )
+    problems = _schema_problems(data, file) + _semantic_problems(data, file)
+    if problems:
+        raise LedgerError(problems)
+    return Ledger(path=Path(file), data=data)
+
+
+def load_ledger(path: str | os.PathLike[str]) -> Ledger:
+    """Read and validate the ledger at `path` (problems name the path as given)."""
+    file = str(path)
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise LedgerError([Problem(file, "$", f"not UTF-8 text: {e.reason} at byte {e.start}")]) from None
+    except OSError as e:
+        raise LedgerError([Problem(file, "$", f"cannot read: {e.strerror or e}")]) from None
+    ledger = parse_ledger(text, file)
+    ledger.path = Path(path)
+    return ledger
+
+
+# --------------------------------------------------------------------------------------------
+# writing
+# --------------------------------------------------------------------------------------------
+
+
+def dump_ledger(data: Mapping[str, Any]) -> str:
+    """Ledger JSON as committed: indent 2, key order kept, no NaN/Infinity, trailing newline."""
+    return json.dumps(data, indent=2, allow_nan=False, ensure_ascii=False) + "\n"
+
+
+def write_ledger(path: str | os.PathLike[str], data: Mapping[str, Any], *, overwrite: bool) -> None:
+    """Validate `data`, then write it to `path` atomically (mode 0o644).
+
+    Never writes an invalid ledger (LedgerError) and never replaces an existing file unless
+    `overwrite` is true (FileExistsError): committed figures change only on purpose. The text
+    goes to a temporary file in the same directory, is fsynced, then renamed over `path`, so a
+    crash leaves either the old file or the new one, never a partial one.
+    """
+    target = Path(path)
+    text = dump_ledger(data)
+    parse_ledger(text, str(target))
+    if not overwrite and target.exists():
+        raise FileExistsError(
+            f"{target} already exists; refusing to replace a committed ledger "
+            "(re-record with --ledger-record, i.e. overwrite=True, to replace it on purpose)"
+        )
+    directory = target.parent
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fchmod(handle.fileno(), 0o644)
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, target)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_directory(directory)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename durable; best effort where directories cannot be opened (e.g. Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def iter_ledger_paths(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """Files as given, directories expanded to their `*.json` (sorted); FileNotFoundError if missing."""
+    found: list[Path] = []
+    for entry in paths:
+        path = Path(entry)
+        if path.is_dir():
+            found.extend(sorted(p for p in path.glob("*.json") if p.is_file()))
+        elif path.exists():
+            found.append(path)
+        else:
+            raise FileNotFoundError(f"no such file or directory: {entry}")
+    return found

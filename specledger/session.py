@@ -1,0 +1,159 @@
+"""A measuring session: engines per ledger, one measurement per point, atomic recording.
+
+Shared by the pytest plugin and the demo so both measure the same way. Engines of a
+ledger start on first use and stay up for the session (they are expensive to start and
+the first points after a start run low, hence the warm-up); a point is measured once
+for all its arms and cached, so two drafters in one ledger share the baseline run.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from specledger import engines, measure
+from specledger.schema import Ledger, write_ledger
+
+Progress = Callable[[str], None]
+
+
+class SuiteSession:
+    def __init__(self, *, root: Path, record: bool, out_dir: Path | None = None,
+                 progress: Progress = print, command: str | None = None) -> None:
+        self.root = root
+        self.record = record
+        self.only_missing = False
+        self.out_dir = out_dir
+        self.progress = progress
+        self.command = command
+        self.results: list[tuple[str, Any]] = []
+        self._arms: dict[str, dict[str, engines.ArmEngine]] = {}
+        self._infos: dict[str, dict[str, Any]] = {}
+        self._cache: dict[tuple[str, tuple[str, float, int]], measure.PointMeasurement] = {}
+        self._recorded: dict[str, Ledger] = {}
+        self._started = time.monotonic()
+        self._failed_start: dict[str, BaseException] = {}
+
+    # -- engines -----------------------------------------------------------------------------------------
+    def arms_for(self, ledger: Ledger) -> dict[str, engines.ArmEngine]:
+        if ledger.id in self._failed_start:
+            raise RuntimeError(f"{ledger.id}: engines failed to start earlier in this session") \
+                from self._failed_start[ledger.id]
+        if ledger.id not in self._arms:
+            from specledger.models import resolve_model
+
+            model = resolve_model(ledger.data["target"]["model"])
+            specs = engines.arm_specs(ledger.data, model)
+            t0 = time.monotonic()
+            try:
+                started = engines.start_arms(specs, progress=self.progress)
+            except BaseException as exc:
+                self._failed_start[ledger.id] = exc
+                raise
+            arms = {arm.spec.name: arm for arm in started}
+            self._arms[ledger.id] = arms
+            self._infos[ledger.id] = {name: arm.info for name, arm in arms.items()}
+            self.progress(f"{ledger.id}: {len(arms)} arms up in {time.monotonic() - t0:.0f} s")
+            diffs = measure.config_differences(self._infos[ledger.id])
+            for key, values in diffs.items():
+                self.progress(f"{ledger.id}: arms differ in {key}: {values}")
+            first = next(iter(ledger.grid()), None) or measure_first_key(ledger)
+            if first is not None:
+                prompts = measure.prompts_for(ledger, first[0], self.root)
+                sampling = measure.sampling_for(ledger, first[0], 0.0)
+                concurrencies = sorted({key[2] for key in ledger.grid()} or {first[2]})
+                measure.warm_up(arms, prompts, concurrencies, sampling, self.progress)
+        return self._arms[ledger.id]
+
+    def infos(self, ledger_id: str) -> dict[str, Any]:
+        return self._infos.get(ledger_id, {})
+
+    # -- measuring ---------------------------------------------------------------------------------------
+    def cached(self, ledger: Ledger, key: tuple[str, float, int]) -> measure.PointMeasurement | None:
+        return self._cache.get((ledger.id, key))
+
+    def measure(self, ledger: Ledger, key: tuple[str, float, int]) -> measure.PointMeasurement:
+        cache_key = (ledger.id, key)
+        if cache_key not in self._cache:
+            arms = self.arms_for(ledger)
+            self._cache[cache_key] = measure.measure_point(ledger, arms, *key, root=self.root,
+                                                           progress=self.progress)
+            m = self._cache[cache_key]
+            summary = ", ".join(
+                f"{name} x{res['multiplier']:.2f}" + (f" L={res['acceptance']['acceptance_length']:.2f}"
+                                                       if res.get("acceptance") else "")
+                for name, res in m.point["arms"].items() if "multiplier" in res)
+            self.progress(f"{ledger.id} {key[0]} T={key[1]:g} c={key[2]}: {summary} ({m.wall_s:.1f} s)")
+        return self._cache[cache_key]
+
+    # -- recording ---------------------------------------------------------------------------------------
+    def store(self, ledger: Ledger, measured: measure.PointMeasurement) -> Path:
+        """Upsert the point into the ledger and write it atomically right away: a crash loses one point."""
+        working = self._recorded.get(ledger.id)
+        if working is None:
+            working = Ledger(ledger.path, copy.deepcopy(ledger.data))
+            self._recorded[ledger.id] = working
+        data = working.data
+        points = [p for p in data.get("points", [])
+                  if (p["workload"], p.get("temperature"), p.get("concurrency")) != measured.key]
+        points.append(measured.point)
+        points.sort(key=lambda p: (p["workload"], p["temperature"], p["concurrency"]))
+        data["points"] = points
+        facts = measure.arm_facts(working, self._infos[ledger.id])
+        for arm in data["arms"]:
+            arm.update(facts.get(arm["name"], {}))
+        data["status"] = "measured"
+        data["provenance"] = measure.provenance(self._infos[ledger.id], command=self.command,
+                                                wall_s=time.monotonic() - self._started, root=self.root)
+        target = self._target_path(ledger)
+        write_ledger(target, data, overwrite=True)
+        return target
+
+    def _target_path(self, ledger: Ledger) -> Path:
+        assert ledger.path is not None
+        if self.out_dir is None:
+            return ledger.path
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        return self.out_dir / ledger.path.name
+
+    # -- reporting ---------------------------------------------------------------------------------------
+    def timing_records(self) -> list[dict[str, Any]]:
+        return [{"ledger": lid, "workload": key[0], "temperature": key[1], "concurrency": key[2],
+                 "point_wall_s": m.wall_s, "arms": m.timings} for (lid, key), m in self._cache.items()]
+
+    def summary_lines(self) -> list[str]:
+        lines = []
+        for lid, infos in self._infos.items():
+            diffs = measure.config_differences(infos)
+            lines.append(f"specledger {lid}: effective-config differences between arms (beyond the drafter): "
+                         + ("none" if not diffs else ""))
+            for key, values in diffs.items():
+                lines.append(f"  {key}: " + ", ".join(f"{arm}={val}" for arm, val in values.items()))
+            for name, info in infos.items():
+                kv = info["kv_cache"]
+                lines.append(f"  KV cache {name}: {kv['tokens']} tokens "
+                             f"({kv['num_blocks']} blocks x {kv['block_size']})")
+        if self._recorded:
+            for lid, ledger in self._recorded.items():
+                lines.append(f"specledger recorded {lid} -> {self._target_path(ledger)}")
+        failed = [tid for tid, r in self.results if not r.ok]
+        if self.results:
+            lines.append(f"specledger verified {len(self.results)} points, {len(failed)} outside tolerance; "
+                         f"session wall {time.monotonic() - self._started:.0f} s (engine starts included)")
+        return lines
+
+    def close(self) -> None:
+        for arms in self._arms.values():
+            for arm in arms.values():
+                arm.close()
+        self._arms.clear()
+
+
+def measure_first_key(ledger: Ledger) -> tuple[str, float, int] | None:
+    for p in ledger.points:
+        if p.get("concurrency") is not None:
+            return (p["workload"], float(p["temperature"] or 0.0), int(p["concurrency"]))
+    return None

@@ -1,0 +1,100 @@
+"""Tables over ledgers: one row per figure, missing figures missing (NaN/None), never invented."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from specledger.report import CRITICAL_COLUMNS, POINTS_COLUMNS, critical_table, format_table, points_table
+from specledger.schema import load_ledger
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = load_ledger(Path(__file__).parent / "data" / "measured-small.json")
+REFERENCE = [load_ledger(p) for p in sorted((ROOT / "ledgers").glob("reference-*.json"))]
+
+
+def test_points_table_columns_and_values():
+    df = points_table([SMALL])
+    assert list(df.columns) == POINTS_COLUMNS
+    assert POINTS_COLUMNS[:14] == [
+        "ledger",
+        "target",
+        "arm",
+        "baseline_arm",
+        "workload",
+        "temperature",
+        "concurrency",
+        "baseline_tokens_per_s",
+        "spec_tokens_per_s",
+        "multiplier",
+        "multiplier_vs_matched",
+        "acceptance_length",
+        "acceptance_rate",
+        "spread",
+    ]
+    assert len(df) == 3
+    first = df.iloc[0]
+    assert (first["ledger"], first["target"], first["arm"], first["baseline_arm"]) == (
+        "test-small",
+        "tiny",
+        "eagle",
+        "baseline",
+    )
+    assert (first["temperature"], first["concurrency"]) == (0.0, 1)
+    assert (first["baseline_tokens_per_s"], first["spec_tokens_per_s"], first["multiplier"]) == (
+        100.0,
+        180.0,
+        1.8,
+    )
+    assert first["multiplier_vs_matched"] == 1.895
+    assert (first["acceptance_length"], first["acceptance_rate"]) == (2.5, 0.375)
+    assert first["spread"] == pytest.approx((183.0 - 178.0) / 180.0)
+    assert list(df["concurrency"]) == [1, 4, 16]
+
+
+def test_points_table_missing_values():
+    df = points_table(REFERENCE)
+    nvfp4 = df[df["ledger"] == "reference-b200-nvfp4-gptq"]
+    assert list(nvfp4["multiplier"]) == [1.34, 1.22, 1.05, 0.26]
+    assert math.isnan(nvfp4.iloc[0]["baseline_tokens_per_s"]) and math.isnan(nvfp4.iloc[0]["spread"])
+    assert nvfp4.iloc[3]["baseline_tokens_per_s"] == 2306
+    assert nvfp4["temperature"].isna().all()
+    bf16 = df[df["ledger"] == "reference-b200-bf16"].iloc[0]
+    assert bf16["concurrency"] is pd.NA
+    lookup = df[df["ledger"] == "reference-b200-lookup-math"]
+    assert list(lookup["multiplier_range"]) == [(1.3, 4.2), (0.3, 1.0)]
+    assert lookup["multiplier"].isna().all()
+
+
+def test_points_table_empty():
+    df = points_table([])
+    assert list(df.columns) == POINTS_COLUMNS and df.empty
+    assert format_table(df) == "(no rows)"
+
+
+def test_critical_table():
+    df = critical_table([SMALL, *REFERENCE])
+    assert list(df.columns) == CRITICAL_COLUMNS
+    small = df[df["ledger"] == "test-small"].iloc[0]
+    assert (small["kind"], small["between"], small["concurrencies"]) == ("crosses", (4, 16), (1, 4, 16))
+    assert small["value"] == pytest.approx(9.18958683997628)
+    assert small["critical_concurrency"] == "9.19 (between 4 and 16)"
+    by_ledger = {row["ledger"]: row for _, row in df.iterrows() if row["workload"] == "free-form"}
+    assert by_ledger["reference-b200-nvfp4-gptq"]["critical_concurrency"] == "17.47 (between 16 and 64)"
+    assert by_ledger["reference-b200-int4"]["critical_concurrency"] == "4.76 (between 4 and 8)"
+    assert by_ledger["reference-b200-fp8kv"]["kind"] == "stays-above"
+    assert math.isnan(by_ledger["reference-b200-fp8kv"]["value"])
+    assert "reference-b200-bf16" not in set(df["ledger"])  # concurrency not published: no curve
+
+
+def test_format_table():
+    text = format_table(points_table(REFERENCE))
+    header = text.splitlines()[0]
+    assert "multiplier" in header and "concurrency" in header
+    assert "None" not in text and "nan" not in text.lower()
+    critical = format_table(critical_table(REFERENCE))
+    assert "critical_concurrency" in critical.splitlines()[0]
+    assert "does not cross 1.0 within c=1..8" in critical
