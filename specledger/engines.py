@@ -186,15 +186,28 @@ class ArmEngine:
         return reply
 
 
-def start_arms(specs: Iterable[ArmSpec], *, progress: Any = None) -> list[ArmEngine]:
-    """Start arms one after another (parallel starts race in vLLM's memory profiling)."""
+def start_arms(specs: Iterable[ArmSpec], *, progress: Any = None,
+               failures: dict[str, BaseException] | None = None) -> list[ArmEngine]:
+    """Start arms one after another (parallel starts race in vLLM's memory profiling).
+
+    With ``failures`` given, an arm that fails to start is recorded there and the others
+    still start: one broken drafter should not cost a whole GPU visit.
+    """
     started: list[ArmEngine] = []
     try:
         for spec in specs:
             t0 = time.monotonic()
             if progress:
                 progress(f"starting arm {spec.describe()}")
-            started.append(ArmEngine(spec).start())
+            try:
+                started.append(ArmEngine(spec).start())
+            except EngineStartError as exc:
+                if failures is None:
+                    raise
+                failures[spec.name] = exc
+                if progress:
+                    progress(f"arm {spec.name} FAILED to start: {str(exc)[-2000:]}")
+                continue
             if progress:
                 kv = started[-1].info.get("kv_cache", {})
                 progress(f"arm {spec.name} ready in {time.monotonic() - t0:.0f} s "

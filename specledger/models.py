@@ -453,11 +453,7 @@ def _tokenizer_from_reader(reader: GGUFReader) -> PreTrainedTokenizerFast:
 
     # Control tokens (<|im_start|> ...) must never be split or merged into neighbours.
     tok.add_special_tokens(
-        [
-            AddedToken(tokens[i], special=True, normalized=False)
-            for i, t in enumerate(types)
-            if t == _TOKEN_TYPE_CONTROL
-        ]
+        [AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t == _TOKEN_TYPE_CONTROL]
     )
     user = [
         AddedToken(tokens[i], special=False, normalized=False)
@@ -805,6 +801,20 @@ def _is_complete(folder: Path, gguf_sha256: str) -> bool:
     )
 
 
+def _require_build_deps() -> None:
+    """Fail before a 98 MB download, with the fix, rather than with an ImportError halfway through."""
+    import importlib.util
+
+    missing = [m for m in _BUILD_DEPS if importlib.util.find_spec(m) is None]
+    if missing:
+        raise EmbeddedModelError(
+            f"building an embedded model needs {', '.join(missing)}: pip install 'specledger[models]'"
+        )
+
+
+_BUILD_DEPS = ("torch", "transformers", "tokenizers", "gguf", "safetensors", "filelock")
+
+
 def build_embedded(name: str = "smollm2", cache_dir: Path | None = None) -> Path:
     """The embedded model's Hugging Face folder, built on first use.
 
@@ -819,12 +829,12 @@ def build_embedded(name: str = "smollm2", cache_dir: Path | None = None) -> Path
         if _is_complete(target, spec.gguf_sha256):
             return target
 
+    _require_build_deps()
     gguf_path = locate_gguf(name, cache_dir=cache)
     sha = _sha256(gguf_path)
     if spec.gguf_sha256 and sha != spec.gguf_sha256:
         raise EmbeddedModelError(
-            f"{gguf_path} has sha256 {sha}, expected {spec.gguf_sha256} "
-            f"for {spec.distribution}=={spec.version}"
+            f"{gguf_path} has sha256 {sha}, expected {spec.gguf_sha256} for {spec.distribution}=={spec.version}"
         )
     target = _folder_for(spec, cache, sha)
     if _is_complete(target, sha):

@@ -112,12 +112,16 @@ def specledger(request: pytest.FixtureRequest) -> Iterator[Any]:
     config = request.config
     reporter = config.pluginmanager.get_plugin("terminalreporter")
 
+    capture = config.pluginmanager.get_plugin("capturemanager")
+
     def progress(message: str) -> None:
+        """Long sweeps show progress: written past pytest's output capture, as it happens."""
         line = f"[specledger {time.strftime('%H:%M:%S')}] {message}"
-        if reporter is not None:
-            reporter.write_line(line)
-        else:
+        if reporter is None or capture is None:
             print(line, file=sys.stderr, flush=True)
+            return
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(line)
 
     out = config.getoption("--ledger-out")
     session = SuiteSession(root=Path(str(config.rootpath)), record=bool(config.getoption("--ledger-record")
@@ -141,6 +145,9 @@ def check_point(session: Any, point: LedgerPoint) -> None:
     if session.record and session.only_missing and committed is not None:
         pytest.skip(f"{point.test_id}: already recorded (--ledger-only-missing)")
     measured = session.measure(point.ledger, point.key)
+    failure = session.arm_failure(point.ledger, point.arm)
+    if failure is not None:
+        pytest.fail(f"{point.test_id}: arm {point.arm} did not start:\n{failure}", pytrace=False)
     if session.record:
         session.store(point.ledger, measured)
         return
@@ -165,8 +172,8 @@ def ledger_check(specledger: Any, request: pytest.FixtureRequest) -> Any:
     """Callable that checks one LedgerPoint; its timings also go to pytest-benchmark's JSON."""
 
     def run(point: LedgerPoint) -> None:
-        benchmark = request.getfixturevalue("benchmark") if "benchmark" in request.fixturenames or \
-            request.config.pluginmanager.has_plugin("pytest_benchmark") else None
+        has_benchmark = request.config.pluginmanager.hasplugin("benchmark")
+        benchmark = request.getfixturevalue("benchmark") if has_benchmark else None
         if benchmark is None:
             check_point(specledger, point)
             return

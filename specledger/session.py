@@ -36,6 +36,7 @@ class SuiteSession:
         self._recorded: dict[str, Ledger] = {}
         self._started = time.monotonic()
         self._failed_start: dict[str, BaseException] = {}
+        self._failed_arms: dict[str, dict[str, BaseException]] = {}
 
     # -- engines -----------------------------------------------------------------------------------------
     def arms_for(self, ledger: Ledger) -> dict[str, engines.ArmEngine]:
@@ -48,11 +49,13 @@ class SuiteSession:
             model = resolve_model(ledger.data["target"]["model"])
             specs = engines.arm_specs(ledger.data, model)
             t0 = time.monotonic()
+            failures: dict[str, BaseException] = {}
             try:
-                started = engines.start_arms(specs, progress=self.progress)
+                started = engines.start_arms(specs, progress=self.progress, failures=failures)
             except BaseException as exc:
                 self._failed_start[ledger.id] = exc
                 raise
+            self._failed_arms[ledger.id] = failures
             arms = {arm.spec.name: arm for arm in started}
             self._arms[ledger.id] = arms
             self._infos[ledger.id] = {name: arm.info for name, arm in arms.items()}
@@ -67,6 +70,10 @@ class SuiteSession:
                 concurrencies = sorted({key[2] for key in ledger.grid()} or {first[2]})
                 measure.warm_up(arms, prompts, concurrencies, sampling, self.progress)
         return self._arms[ledger.id]
+
+    def arm_failure(self, ledger: Ledger, arm: str) -> BaseException | None:
+        """The start error of an arm that could not start (its tests fail with it)."""
+        return self._failed_arms.get(ledger.id, {}).get(arm)
 
     def infos(self, ledger_id: str) -> dict[str, Any]:
         return self._infos.get(ledger_id, {})

@@ -287,9 +287,7 @@ def test_weights_match_transformers_gguf_processor(built: Path, gguf_reader: Any
 # tokenizer
 
 
-def test_tokenizer_matches_gguf_vocab_token_for_token(
-    tokenizer: Any, gguf_vocab: dict[str, Any], built: Path
-) -> None:
+def test_tokenizer_matches_gguf_vocab_token_for_token(tokenizer: Any, gguf_vocab: dict[str, Any], built: Path) -> None:
     from safetensors import safe_open
 
     tokens = gguf_vocab["tokens"]
@@ -386,8 +384,7 @@ def test_chat_template(tokenizer: Any) -> None:
     assert text.startswith("<|im_start|>system\n")
     with_system = [{"role": "system", "content": "Be brief."}, *msgs]
     assert tokenizer.apply_chat_template(with_system, tokenize=False, add_generation_prompt=True) == (
-        "<|im_start|>system\nBe brief.<|im_end|>\n"
-        "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
     )
 
 
@@ -402,9 +399,7 @@ def test_greedy_generation_copies_passage(built: Path, tokenizer: Any) -> None:
 
     model = AutoModelForCausalLM.from_pretrained(str(built), dtype=torch.float32).eval()
     msgs = [{"role": "user", "content": f"Repeat the following text exactly:\n\n{PASSAGE}"}]
-    inputs = tokenizer.apply_chat_template(
-        msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True
-    )
+    inputs = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     with torch.no_grad():
         out = model.generate(**inputs, do_sample=False, max_new_tokens=len(tokenizer.encode(PASSAGE)) + 4)
     text = tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
@@ -415,9 +410,7 @@ def test_greedy_generation_copies_passage(built: Path, tokenizer: Any) -> None:
 # building: idempotent, concurrent, atomic
 
 
-def test_second_build_reuses_folder(
-    built: Path, user_cache: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_second_build_reuses_folder(built: Path, user_cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
     mtime = (built / MARKER_FILE).stat().st_mtime_ns
     capsys.readouterr()
     assert build_embedded("smollm2", cache_dir=user_cache) == built
@@ -481,9 +474,7 @@ def test_failed_build_leaves_nothing(fresh_cache: Path, monkeypatch: pytest.Monk
 # resolve_model and model_info
 
 
-def test_resolve_model(
-    built: Path, user_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_resolve_model(built: Path, user_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_model("embedded:smollm2", cache_dir=user_cache) == str(built)
     local = tmp_path / "my-model"
     local.mkdir()
@@ -502,6 +493,4 @@ def test_model_info(built: Path) -> None:
     assert {k: by_path[k] for k in ("source", "gguf_sha256", "weight_format")} == {
         k: info[k] for k in ("source", "gguf_sha256", "weight_format")
     }
-    assert model_info("HuggingFaceTB/SmolLM2-135M-Instruct") == {
-        "source": "HuggingFaceTB/SmolLM2-135M-Instruct"
-    }
+    assert model_info("HuggingFaceTB/SmolLM2-135M-Instruct") == {"source": "HuggingFaceTB/SmolLM2-135M-Instruct"}
