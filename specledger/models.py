@@ -119,7 +119,7 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
 
 def _progress(msg: str, since: float | None = None) -> None:
     """Builds take tens of seconds; say what is happening on stderr (never stdout: CLIs print data there)."""
-    suffix = f" ({time.monotonic() - since:.1f}s)" if since is not None else ""
+    suffix = f" in {time.monotonic() - since:.1f}s" if since is not None else ""
     print(f"specledger: {msg}{suffix}", file=sys.stderr, flush=True)
 
 
@@ -706,23 +706,22 @@ def _build_folder(spec: EmbeddedModel, gguf_path: Path, out: Path, gguf_sha256: 
 
     t0 = time.monotonic()
     size_mb = gguf_path.stat().st_size / 1e6
-    _progress(f"reading {spec.hf_name} GGUF metadata ({size_mb:.0f} MB) ...")
+    _progress(f"dequantizing {spec.hf_name} GGUF ({size_mb:.0f} MB) to float32 ...")
     reader = GGUFReader(str(gguf_path))
     cfg = _hf_config_dict(reader)
     n_tokens = len(reader.fields["tokenizer.ggml.tokens"].data)
     _check_spec(spec, cfg, n_tokens)
 
-    _progress(f"dequantizing {spec.hf_name} GGUF ({size_mb:.0f} MB) to float32 ...", t0)
     state = _dequantize(reader, cfg)
     _check_against_transformers(state, cfg)
     if state["model.embed_tokens.weight"].shape[0] != cfg["vocab_size"]:
         raise EmbeddedModelError("embedding rows != vocab_size")
-    _progress(f"writing safetensors ({sum(v.numel() for v in state.values()) / 1e6:.0f}M parameters) ...", t0)
+    n_params = sum(v.numel() for v in state.values())
+    _progress(f"dequantized {len(reader.tensors)} tensors ({n_params / 1e6:.0f}M parameters)", t0)
     _save_weights(state, out)
     del state
     _write_json(out / "config.json", cfg)
 
-    _progress("building tokenizer from the GGUF vocabulary and merges ...", t0)
     tokenizer = _tokenizer_from_reader(reader)
     tokenizer.save_pretrained(str(out))
     # Older transformers read chat templates and special tokens only from these files; keep them explicit.
@@ -765,7 +764,7 @@ def _build_folder(spec: EmbeddedModel, gguf_path: Path, out: Path, gguf_sha256: 
             "versions": _versions(),
         },
     )
-    _progress(f"built {spec.hf_name}", t0)
+    _progress(f"built {spec.hf_name} (weights, tokenizer, config)", t0)
 
 
 # --------------------------------------------------------------------------------------------
