@@ -98,10 +98,12 @@ def measure_point(ledger: Ledger, arms: Mapping[str, Any], workload: str, temper
         for name in names:
             arms[name].run(prompts=_cycle(prompts, warmup, len(prompts) // 2), concurrency=concurrency,
                            sampling=sampling)
+    settle_s = float(sweep.get("settle_s", 0.0))
     for r in range(repeats):
         batch = _cycle(prompts, n, r * n)
         order = names if r % 2 == 0 else list(reversed(names))
         for name in order:
+            time.sleep(settle_s)
             res = arms[name].run(prompts=batch, concurrency=concurrency, sampling=sampling)
             runs[name].append(res)
             progress(f"{workload} T={temperature:g} c={concurrency} repeat {r + 1}/{repeats} {name}: "
@@ -221,8 +223,9 @@ def git_commit(root: Path | None = None) -> str:
         cwd = root or Path.cwd()
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
                               timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        # Recording rewrites ledgers/ itself: only code changes make a run "dirty".
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!ledgers"],
+                               cwd=cwd, capture_output=True, text=True, timeout=10).stdout.strip()
         return head + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
