@@ -27,11 +27,6 @@ from specledger.workloads import load_workload, resolve_fixture
 Progress = Callable[[str], None]
 DEFAULT_MAX_TOKENS = 128
 
-#: Effective-config keys that differ between arms by design, not as a side effect.
-DRAFTER_KEYS = {"speculative_method", "num_speculative_tokens", "num_gpu_blocks", "kv_cache_tokens",
-                "env_VLLM_USE_V2_MODEL_RUNNER"}
-
-
 @dataclass
 class PointMeasurement:
     """One point, all arms: the ledger JSON for it plus per-repeat timings for benchmark output."""
@@ -179,19 +174,6 @@ def arm_facts(ledger: Ledger, infos: Mapping[str, Mapping[str, Any]]) -> dict[st
                           "sessions": round(sessions_at(kv["tokens"], int(c)), digits)} for c in contexts],
         }
     return out
-
-
-def config_differences(infos: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Effective-config keys whose values differ between arms, beyond the drafter itself."""
-    keys: set[str] = set()
-    for info in infos.values():
-        keys |= set(info["effective_config"])
-    diffs = {}
-    for key in sorted(keys - DRAFTER_KEYS):
-        values = {name: info["effective_config"].get(key) for name, info in infos.items()}
-        if len({repr(v) for v in values.values()}) > 1:
-            diffs[key] = values
-    return diffs
 
 
 def provenance(infos: Mapping[str, Mapping[str, Any]], *, command: str | None = None,

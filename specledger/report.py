@@ -9,7 +9,7 @@ and an unpublished concurrency as <NA>. No vLLM here.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pandas as pd
@@ -18,7 +18,8 @@ from specledger import theory
 from specledger.audit import point_multiplier
 from specledger.schema import Ledger
 
-__all__ = ["CRITICAL_COLUMNS", "POINTS_COLUMNS", "critical_table", "format_table", "points_table"]
+__all__ = ["CRITICAL_COLUMNS", "DRAFTER_CONFIG_KEYS", "POINTS_COLUMNS", "config_differences", "critical_table",
+           "format_table", "points_table"]
 
 POINTS_COLUMNS = [
     "ledger",
@@ -172,3 +173,26 @@ def format_table(df: pd.DataFrame) -> str:
 
 
 # Plots (matplotlib) build on the tables above and belong below this line.
+
+
+#: Effective-config keys that differ between arms by design (the drafter itself and what it takes from the
+#: KV pool, or an input the arm sets on purpose), not as a side effect of turning speculation on.
+DRAFTER_CONFIG_KEYS = frozenset({"speculative_method", "num_speculative_tokens", "num_gpu_blocks", "kv_cache_tokens",
+                                 "env_VLLM_USE_V2_MODEL_RUNNER"})
+
+
+def config_differences(configs: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Effective-config keys whose values differ between arms, beyond the drafter: {key: {arm: value}}.
+
+    A key some arms lack counts as a difference (the value is None there). This is what a reader
+    must know before crediting a multiplier to the drafter: vLLM switches other features off with it.
+    """
+    keys: list[str] = []
+    for config in configs.values():
+        keys += [k for k in config if k not in keys and k not in DRAFTER_CONFIG_KEYS]
+    diffs = {}
+    for key in keys:
+        values = {arm: config.get(key) for arm, config in configs.items()}
+        if len({repr(v) for v in values.values()}) > 1 or any(key not in c for c in configs.values()):
+            diffs[key] = values
+    return diffs

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from specledger import engines, measure
+from specledger.report import config_differences
 from specledger.schema import Ledger, write_ledger
 
 Progress = Callable[[str], None]
@@ -60,7 +61,7 @@ class SuiteSession:
             self._arms[ledger.id] = arms
             self._infos[ledger.id] = {name: arm.info for name, arm in arms.items()}
             self.progress(f"{ledger.id}: {len(arms)} arms up in {time.monotonic() - t0:.0f} s")
-            diffs = measure.config_differences(self._infos[ledger.id])
+            diffs = config_differences({n: i["effective_config"] for n, i in self._infos[ledger.id].items()})
             for key, values in diffs.items():
                 self.progress(f"{ledger.id}: arms differ in {key}: {values}")
             first = next(iter(ledger.grid()), None) or measure_first_key(ledger)
@@ -134,7 +135,7 @@ class SuiteSession:
     def summary_lines(self) -> list[str]:
         lines = []
         for lid, infos in self._infos.items():
-            diffs = measure.config_differences(infos)
+            diffs = config_differences({n: i["effective_config"] for n, i in infos.items()})
             lines.append(f"specledger {lid}: effective-config differences between arms (beyond the drafter): "
                          + ("none" if not diffs else ""))
             for key, values in diffs.items():

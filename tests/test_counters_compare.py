@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specledger import compare, counters, load, measure
+from specledger import compare, counters, load, measure, report
 from specledger.schema import Ledger, load_ledger
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,12 +127,12 @@ def test_build_point_multiplier_is_ratio_of_medians_and_acceptance_from_summed_c
 
 
 def test_config_differences_ignore_the_drafter_itself():
-    infos = {
-        "baseline": {"effective_config": {"async_scheduling": True, "max_num_seqs": 64}},
-        "spec": {"effective_config": {"async_scheduling": False, "max_num_seqs": 64,
-                                      "speculative_method": "ngram", "num_speculative_tokens": 7}},
+    configs = {
+        "baseline": {"async_scheduling": True, "max_num_seqs": 64},
+        "spec": {"async_scheduling": False, "max_num_seqs": 64, "speculative_method": "ngram",
+                 "num_speculative_tokens": 7},
     }
-    assert measure.config_differences(infos) == {"async_scheduling": {"baseline": True, "spec": False}}
+    assert report.config_differences(configs) == {"async_scheduling": {"baseline": True, "spec": False}}
 
 
 def _compare_inputs(measured_multiplier: float, measured_length: float):

@@ -1,0 +1,397 @@
+"""Claim marks in Markdown: parsing, checking against ledgers, and the unaudited-number scanner."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from specledger.claims import (
+    METRICS,
+    Claim,
+    CrossingStatement,
+    LedgerSet,
+    Malformed,
+    Stated,
+    Subject,
+    audit_report,
+    check_claim,
+    parse_claim,
+    scan_markdown,
+    summary_line,
+)
+from specledger.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = Path(__file__).parent / "data" / "measured-small.json"
+REFERENCES = ("reference-b200-nvfp4-gptq", "reference-b200-workloads", "reference-b200-fp8kv", "reference-b200-int4")
+
+
+@pytest.fixture(scope="module")
+def ledger_dir(tmp_path_factory) -> Path:
+    """The small measured ledger (under a file name unlike its id) and four reference ledgers."""
+    directory = tmp_path_factory.mktemp("ledgers")
+    shutil.copy(SMALL, directory / "not-the-id.json")
+    for name in REFERENCES:
+        shutil.copy(ROOT / "ledgers" / f"{name}.json", directory / f"{name}.json")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def ledgers(ledger_dir) -> LedgerSet:
+    return LedgerSet.load([ledger_dir])
+
+
+def parse(body: str) -> Claim:
+    claim = parse_claim(body, "r.md", 7)
+    assert isinstance(claim, Claim), claim
+    return claim
+
+
+def malformed(body: str) -> str:
+    claim = parse_claim(body, "r.md", 7)
+    assert isinstance(claim, Malformed), claim
+    return claim.reason
+
+
+def check(ledgers: LedgerSet, body: str):
+    return check_claim(parse(body), ledgers)
+
+
+# -- parsing ----------------------------------------------------------------------------------
+
+
+def test_point_claim_parses():
+    claim = parse("h200-smollm2 ngram copy T=0 c=4 multiplier = 1.16")
+    assert (claim.ledger, claim.metric, claim.line) == ("h200-smollm2", "multiplier", 7)
+    assert claim.subjects == (Subject("ngram", "copy", 0.0, 4),)
+    assert claim.values == (Stated("1.16", 1.16, 2),)
+
+
+@pytest.mark.parametrize("selectors", ["free-form c=64", "free-form T=- c=64"])
+def test_null_temperature_is_left_out_or_dash(selectors):
+    claim = parse(f"reference-b200-nvfp4-gptq dflash2 {selectors} multiplier = 0.3")
+    assert claim.subjects == (Subject("dflash2", "free-form", None, 64),)
+    assert claim.values[0].decimals == 1
+
+
+def test_values_keep_their_written_decimals():
+    assert parse("x a w output_tokens_per_s = 2,306").values == (Stated("2,306", 2306.0, 0),)
+    assert parse("x a kv_cache_change = -36%").values == (Stated("-36%", -0.36, 2),)
+    assert parse("x a kv_cache_change = -1.37%").values[0].decimals == 4
+    assert parse("x a w multiplier = 3.0").values[0].decimals == 1
+
+
+def test_arrow_pairs_subjects_with_values():
+    claim = parse("reference-b200-workloads baseline->dflash2 ctx=262144 sessions = 6.7 -> 4.3")
+    assert [s.arm for s in claim.subjects] == ["baseline", "dflash2"]
+    assert {s.context for s in claim.subjects} == {262144}
+    assert [v.value for v in claim.values] == [6.7, 4.3]
+    claim = parse("h200-smollm2 ngram copy T=0 c=1->4 multiplier = 0.925 -> 1.159")
+    assert [s.concurrency for s in claim.subjects] == [1, 4]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("4..8", CrossingStatement("crosses", None, (4, 8))),
+        ("4.76", CrossingStatement("crosses", Stated("4.76", 4.76, 2), None)),
+        ("4.8 in 4..8", CrossingStatement("crosses", Stated("4.8", 4.8, 1), (4, 8))),
+        ("no-crossing", CrossingStatement("no-crossing")),
+        ("stays-above", CrossingStatement("stays-above")),
+        ("starts-below", CrossingStatement("starts-below")),
+    ],
+)
+def test_crossing_forms(value, expected):
+    claim = parse(f"reference-b200-int4 dflash2 free-form critical_concurrency = {value}")
+    assert claim.crossing == expected
+    assert claim.values == ()
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ("h200-smollm2 ngram copy T=0 c=4 speedup = 1.16", "unknown metric 'speedup'"),
+        ("h200-smollm2 ngram copy T=0 c=4 multiplier 1.16", "missing ' = VALUE'"),
+        ("h200-smollm2 ngram copy T=0 c=4 multiplier=1.16", "missing ' = VALUE'"),
+        ("h200-smollm2 ngram copy T=0 c=4 multiplier =", "no value"),
+        ("h200-smollm2 ngram copy T=0 c=4 multiplier = 1.2x", "not a number"),
+        ("h200-smollm2 ngram copy c=4 q=1 multiplier = 1", "unknown selector 'q=1'"),
+        ("h200-smollm2 ngram copy extra c=4 multiplier = 1", "unexpected 'extra'"),
+        ("h200-smollm2 ngram copy c=four multiplier = 1", "c=four"),
+        ("h200-smollm2 ngram copy T=hot multiplier = 1", "T=hot"),
+        ("h200-smollm2 ngram multiplier = 1", "needs a workload"),
+        ("h200-smollm2 multiplier = 1", "names no arm"),
+        ("h200-smollm2 a->b copy c=1->2 multiplier = 1 -> 2", "more than one slot"),
+        ("h200-smollm2 a->b copy multiplier = 1", "1 value(s) for 2 subject(s)"),
+        ("h200-smollm2 baseline sessions = 312.02", "needs ctx="),
+        ("h200-smollm2 baseline copy ctx=4096 sessions = 312.02", "figure of the arm"),
+        ("h200-smollm2 ngram copy c=4 critical_concurrency = 4..8", "name no c="),
+        ("h200-smollm2 ngram copy critical_concurrency = soon", "expected 4..8"),
+    ],
+)
+def test_malformed_claims_say_why(body, reason):
+    assert reason in malformed(body)
+
+
+def test_malformed_claim_is_reported_with_its_line(ledgers, tmp_path):
+    report = tmp_path / "r.md"
+    report.write_text("# r\n\nfine\nhere 1.2 <!-- claim: test-small eagle copy T=0 c=1 speed = 1.2 -->\n")
+    audit = audit_report(report, ledgers)
+    assert [(v.line, v.status) for v in audit.verdicts] == [(4, "unresolved")]
+    assert str(audit.verdicts[0]).startswith(f"{report}:4: claim 'test-small eagle copy T=0 c=1 speed = 1.2': ")
+    assert "malformed claim: unknown metric 'speed'" in audit.verdicts[0].reason
+
+
+def test_claims_in_code_and_other_comments_are_not_read():
+    text = "\n".join(
+        [
+            "```markdown",
+            "1.4x <!-- claim: x a w multiplier = 1.4 -->",
+            "```",
+            "~~~~",
+            "<!-- claim: broken -->",
+            "```",
+            "~~~~",
+            "`<!-- claim: x a w multiplier = 9 -->` and `2.0x` in inline code",
+            "<!-- a plain comment with 3.0x in it -->",
+            "<!-- a comment over",
+            "two lines, 4.0x -->",
+            "real <!-- claim: x a w multiplier = 1.5 -->",
+        ]
+    )
+    scan = scan_markdown(text, "r.md")
+    assert [(c.line, c.text) for c in scan.claims] == [(12, "x a w multiplier = 1.5")]
+    assert scan.numbers == []
+
+
+def test_unclosed_claim_comment_is_malformed():
+    scan = scan_markdown("a\nb <!-- claim: x a w multiplier = 1.5\n-->\n", "r.md")
+    assert len(scan.claims) == 1
+    assert isinstance(scan.claims[0], Malformed) and scan.claims[0].line == 2
+
+
+@given(
+    arm=st.sampled_from(["ngram", "draft-self", "dflash2"]),
+    c=st.integers(1, 512),
+    t=st.sampled_from(["0", "1.0", "-"]),
+    value=st.decimals(min_value=0, max_value=10_000, places=3, allow_nan=False),
+)
+def test_parse_reads_back_what_was_written(arm, c, t, value):
+    claim = parse(f"led {arm} copy T={t} c={c} multiplier = {value}")
+    assert claim.subjects[0].arm == arm and claim.subjects[0].concurrency == c
+    assert claim.subjects[0].temperature == (None if t == "-" else float(t))
+    assert claim.values[0].value == float(value) and claim.values[0].decimals == 3
+
+
+# -- checking ---------------------------------------------------------------------------------
+
+
+def test_true_claim_holds_and_says_which_source_matched(ledgers):
+    verdict = check(ledgers, "test-small eagle copy T=0 c=4 multiplier = 1.3")
+    assert verdict.status == "holds"
+    assert "stored multiplier 1.3" in verdict.reason and "ratio of medians 390.0/300.0" in verdict.reason
+
+
+def test_ratio_of_medians_backs_more_decimals_than_the_stored_multiplier(ledgers):
+    verdict = check(ledgers, "reference-b200-nvfp4-gptq dflash2 free-form c=64 multiplier = 0.258")
+    assert verdict.status == "holds"
+    assert verdict.reason.startswith("holds: ratio of medians 595/2306")
+    assert "stored multiplier 0.26 has only 2 decimals" in verdict.reason
+
+
+def test_wrong_value_fails(ledgers):
+    verdict = check(ledgers, "test-small eagle copy T=0 c=4 multiplier = 1.4")
+    assert verdict.status == "fails"
+    assert "stated 1.4 at 1 decimal" in verdict.reason and "rounds to 1.3" in verdict.reason
+
+
+@pytest.mark.parametrize(
+    ("stated", "status"), [("0.3", "holds"), ("0.26", "holds"), ("0.2", "fails"), ("0.25", "fails")]
+)
+def test_rounding_is_taken_from_the_stated_value(ledgers, stated, status):
+    claim = f"reference-b200-nvfp4-gptq dflash2 free-form c=64 multiplier = {stated}"
+    assert check(ledgers, claim).status == status
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ("h200-nope eagle copy T=0 c=1 multiplier = 1.8", "no ledger with id 'h200-nope'"),
+        ("not-the-id eagle copy T=0 c=1 multiplier = 1.8", "no ledger with id 'not-the-id'"),
+        ("test-small medusa copy T=0 c=1 multiplier = 1.8", "has no arm 'medusa'"),
+        ("test-small eagle copy T=0 c=2 multiplier = 1.8", "no point copy T=0.0 c=2"),
+        ("test-small eagle copy c=1 multiplier = 1.8", "no point copy T=- c=1"),
+        ("test-small eagle prose T=0 c=1 multiplier = 1.8", "no points for workload 'prose'"),
+        ("test-small baseline copy T=0 c=1 multiplier = 1", "arm 'baseline' has no multiplier"),
+        ("reference-b200-fp8kv dflash2 free-form c=1 output_tokens_per_s = 1", "no output_tokens_per_s"),
+    ],
+)
+def test_unresolved_references_say_what_is_missing(ledgers, body, reason):
+    verdict = check(ledgers, body)
+    assert verdict.status == "unresolved"
+    assert reason in verdict.reason
+
+
+def test_ledgers_are_found_by_id_not_file_name(ledgers):
+    assert "test-small" in ledgers.by_id and "not-the-id" not in ledgers.by_id
+
+
+def test_other_point_metrics(ledgers):
+    for body in (
+        "test-small eagle copy T=0 c=1 multiplier_vs_matched = 1.89",
+        "test-small eagle copy T=0 c=1 acceptance_length = 2.5",
+        "test-small eagle copy T=0 c=1 acceptance_rate = 37.5%",
+        "test-small baseline->eagle copy T=0 c=1 output_tokens_per_s = 100 -> 180",
+        "test-small eagle copy T=0 c=1 output_tokens_per_s.max = 183.0",
+        "test-small eagle copy T=0 c=1 spread = 0.03",
+        "reference-b200-workloads dflash2 copy->free-form acceptance_length = 3.1 -> 2.2",
+    ):
+        assert check(ledgers, body).status == "holds", body
+    assert check(ledgers, "test-small eagle copy T=0 c=1 multiplier_vs_matched = 1.8").status == "fails"
+
+
+def test_kv_cache_claims(ledgers):
+    assert check(ledgers, "test-small eagle kv_cache_tokens = 12,800").status == "holds"
+    assert check(ledgers, "test-small eagle kv_cache_tokens = 12,801").status == "fails"
+    assert check(ledgers, "test-small eagle kv_cache_change = -20%").status == "holds"
+    assert check(ledgers, "reference-b200-workloads dflash2 kv_cache_change = -0.36").status == "holds"
+    assert check(ledgers, "test-small matched kv_cache_tokens = 1").status == "unresolved"
+
+
+def test_sessions_arrow_claim(ledgers):
+    assert (
+        check(ledgers, "reference-b200-workloads baseline->dflash2 ctx=262144 sessions = 6.7 -> 4.3").status == "holds"
+    )
+    verdict = check(ledgers, "reference-b200-workloads baseline->dflash2 ctx=262144 sessions = 6.7 -> 4.4")
+    assert verdict.status == "fails"
+    assert "baseline: stored sessions 6.7 rounds to 6.7" in verdict.reason and "dflash2: stated 4.4" in verdict.reason
+    assert check(ledgers, "test-small baseline->eagle ctx=4000 sessions = 4.0 -> 3.2").status == "holds"
+    # computed from KV tokens where the ledger lists no sessions at that context
+    assert check(ledgers, "test-small eagle ctx=1600 sessions = 8").status == "holds"
+    assert check(ledgers, "reference-b200-workloads dflash2 ctx=4096 sessions = 1").status == "unresolved"
+
+
+def test_crossing_claims_both_ways(ledgers):
+    # eagle on copy: 1.8 at c=1, 1.3 at c=4, 0.8 at c=16 -> crosses between 4 and 16
+    assert check(ledgers, "test-small eagle copy T=0 critical_concurrency = 4..16").status == "holds"
+    assert check(ledgers, "test-small eagle copy T=0 critical_concurrency = 1..4").status == "fails"
+    assert check(ledgers, "test-small eagle copy T=0 critical_concurrency = no-crossing").status == "fails"
+    assert check(ledgers, "reference-b200-int4 dflash2 free-form critical_concurrency = 4.76 in 4..8").status == "holds"
+    assert check(ledgers, "reference-b200-int4 dflash2 free-form critical_concurrency = 4.8").status == "holds"
+    assert check(ledgers, "reference-b200-int4 dflash2 free-form critical_concurrency = 4.7").status == "fails"
+    assert check(ledgers, "reference-b200-fp8kv dflash2 free-form critical_concurrency = no-crossing").status == "holds"
+    assert check(ledgers, "reference-b200-fp8kv dflash2 free-form critical_concurrency = stays-above").status == "holds"
+    assert (
+        check(ledgers, "reference-b200-fp8kv dflash2 free-form critical_concurrency = starts-below").status == "fails"
+    )
+    assert check(ledgers, "reference-b200-fp8kv dflash2 free-form critical_concurrency = 4..8").status == "fails"
+    assert check(ledgers, "test-small eagle copy critical_concurrency = 4..16").status == "unresolved"
+
+
+def test_every_metric_is_documented():
+    readme = (ROOT / "reports" / "README.md").read_text()
+    assert all(f"`{m}`" in readme for m in METRICS if "." not in m)
+
+
+# -- the unaudited-number scanner -------------------------------------------------------------
+
+
+def test_unaudited_numbers_are_found_and_code_is_skipped():
+    text = "\n".join(
+        [
+            "A drafter gives 1.4x, and 2,306 tok/s drop to 595 tokens/s.",
+            "```",
+            "3.0x and 88.7 tok/s in a code block",
+            "```",
+            "Also 0.3× here, 7 x 2 is not one, nor 0x1F, nor 2x2.",
+        ]
+    )
+    numbers = [(n.line, n.text, n.audited) for n in scan_markdown(text, "r.md").numbers]
+    assert numbers == [
+        (1, "1.4x", False),
+        (1, "2,306 tok/s", False),
+        (1, "595 tokens/s", False),
+        (5, "0.3×", False),
+    ]
+
+
+def test_a_claim_on_the_line_audits_the_number_it_states():
+    text = (
+        "2,306 -> 595 tok/s, 0.3x "
+        "<!-- claim: l dflash2 free-form c=64 multiplier = 0.3 --> "
+        "<!-- claim: l baseline->dflash2 free-form c=64 output_tokens_per_s = 2,306 -> 595 -->\n"
+        "0.26x <!-- claim: l dflash2 free-form c=64 multiplier = 0.3 -->\n"
+        "1.4x <!-- claim: l dflash2 free-form c=1 acceptance_length = 1.4 -->\n"
+    )
+    numbers = [(n.line, n.text, n.audited) for n in scan_markdown(text, "r.md").numbers]
+    # the visible 0.26 is not what the claim states; a non-multiplier claim vouches for no "x"
+    assert numbers == [(1, "595 tok/s", True), (1, "0.3x", True), (2, "0.26x", False), (3, "1.4x", False)]
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def test_audit_report_command(ledger_dir, tmp_path, capsys):
+    report = tmp_path / "r.md"
+    report.write_text(
+        "# r\n"
+        "eagle is 1.8x at c=1 <!-- claim: test-small eagle copy T=0 c=1 multiplier = 1.8 -->\n"
+        "and 0.8x at 16, unmarked\n"
+    )
+    assert main(["audit-report", str(report), "--ledgers", str(ledger_dir)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"{report}:2: claim 'test-small eagle copy T=0 c=1 multiplier = 1.8': holds")
+    assert out[1] == f"{report}:3: warning: unaudited number '0.8x' (no claim on its line states 0.8)"
+    assert out[-1] == "1 claims: 1 hold, 0 fail, 0 unresolved; 1 unaudited numbers"
+    assert main(["audit-report", str(report), "--ledgers", str(ledger_dir), "--strict"]) == 1
+
+
+def test_audit_report_fails_on_a_wrong_or_unresolved_claim(ledger_dir, tmp_path, capsys):
+    report = tmp_path / "r.md"
+    report.write_text(
+        "1.9x <!-- claim: test-small eagle copy T=0 c=1 multiplier = 1.9 -->\n"
+        "1.8x <!-- claim: test-small eagle copy T=0 c=8 multiplier = 1.8 -->\n"
+        "1.8x <!-- claim: test-small eagle copy T=0 c=1 multiplier = 1.8 -->\n"
+    )
+    assert main(["audit-report", "-q", str(report), "--ledgers", str(ledger_dir)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"{report}:1: claim 'test-small eagle copy T=0 c=1 multiplier = 1.9': fails: ")
+    assert out[1].startswith(f"{report}:2: claim 'test-small eagle copy T=0 c=8 multiplier = 1.8': unresolved: ")
+    assert out[-1] == "3 claims: 1 hold, 1 fail, 1 unresolved; 0 unaudited numbers"
+    assert len(out) == 3  # -q hides what holds
+
+
+def test_audit_report_usage_errors(ledger_dir, tmp_path):
+    assert main(["audit-report", str(tmp_path / "missing.md"), "--ledgers", str(ledger_dir)]) == 2
+    report = tmp_path / "r.md"
+    report.write_text("nothing\n")
+    assert main(["audit-report", str(report), "--ledgers", str(tmp_path / "nope")]) == 2
+
+
+def test_a_ledger_that_does_not_load_leaves_its_claims_unresolved(tmp_path):
+    data = json.loads(SMALL.read_text())
+    data["points"][0]["arms"]["baseline"]["output_tokens_per_s"]["median"] = -1
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    ledgers = LedgerSet.load([tmp_path])
+    verdict = check(ledgers, "test-small eagle copy T=0 c=1 multiplier = 1.8")
+    assert verdict.status == "unresolved" and "does not load" in verdict.reason
+    assert ledgers.problems
+
+
+def test_duplicate_ledger_ids_are_unresolved(tmp_path):
+    shutil.copy(SMALL, tmp_path / "a.json")
+    shutil.copy(SMALL, tmp_path / "b.json")
+    verdict = check(LedgerSet.load([tmp_path]), "test-small eagle copy T=0 c=1 multiplier = 1.8")
+    assert verdict.status == "unresolved" and "several files" in verdict.reason
+
+
+def test_summary_line_counts(ledgers, tmp_path):
+    report = tmp_path / "r.md"
+    report.write_text("<!-- claim: test-small eagle copy T=0 c=1 multiplier = 1.8 -->\n9.9x\n")
+    audit = audit_report(report, ledgers)
+    assert summary_line([audit, audit]) == "2 claims: 2 hold, 0 fail, 0 unresolved; 2 unaudited numbers"

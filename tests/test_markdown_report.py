@@ -1,0 +1,112 @@
+"""Markdown report: conditions, the points as the tables have them, and image links that resolve."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from specledger.cli import main
+from specledger.markdown_report import effective_config_differences, markdown_table, write_report
+from specledger.schema import load_ledger, parse_ledger
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL_PATH = Path(__file__).parent / "data" / "measured-small.json"
+H200 = load_ledger(ROOT / "ledgers" / "h200-smollm2.json")
+INT4 = load_ledger(ROOT / "ledgers" / "reference-b200-int4.json")
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^)]+)\)")
+
+
+def _planned():
+    data = json.loads(SMALL_PATH.read_text())
+    data.update(status="planned", points=[], id="planned-small")
+    for key in ("provenance", "critical_concurrency", "claims"):
+        data.pop(key)
+    return parse_ledger(json.dumps(data), "planned.json")
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> tuple[Path, str]:
+    path = write_report([H200, INT4, _planned()], tmp_path_factory.mktemp("out") / "report.md")
+    return path, path.read_text(encoding="utf-8")
+
+
+def test_sections_and_conditions(report):
+    _, text = report
+    assert text.startswith("# specledger report\n")
+    for heading in ("## h200-smollm2", "## reference-b200-int4", "## planned-small"):
+        assert f"\n{heading}\n" in text
+    h200 = text.split("## h200-smollm2")[1].split("\n## ")[0]
+    assert "- **Engine:** vllm 0.26.0 (torch 2.11.0+cu130, Python 3.12.3)" in h200
+    assert "- **Accelerator:** 1x NVIDIA H200 (cuda, driver 580.159.04)" in h200
+    assert "dtype bfloat16" in h200
+    assert (
+        '| ngram | speculative | `{"method": "ngram", "num_speculative_tokens": 7, "prompt_lookup_min": 2, '
+        '"prompt_lookup_max": 4}` | - | 1,260,592 | -1.4% | 307.76 at 4,096 ctx; 153.88 at 8,192 ctx |'
+    ) in h200
+    assert "| `async_scheduling` | `true` | `false` | `false` | `false` |" in h200
+    assert "num_gpu_blocks` |" not in h200
+    assert "- free-form at temperature 1.0, c=16 and c=64, is not recorded" in h200  # notes
+
+
+def test_points_and_critical_rows(report):
+    _, text = report
+    assert "| ngram | copy | 0 | 4 | 786 | 912 | 1.16x | 1.00x | 5.19 | 0.600 | 53% |" in text
+    assert "| ngram | copy | 0 | 64 | 13,274 | 7,935 | 0.60x | 0.73x | 5.24 | 0.609 | 30% |" in text
+    assert "| dflash2 | free-form | n/a | 8 | - | - | 0.82x | - | - | - | - |" in text
+    assert "| dflash2 | free-form | n/a | 1, 2, 4, 8 | 4.76 (between 4 and 8) |" in text
+    assert "| ngram | free-form | 1 | 1, 2, 4, 8 | below 1.0 from c=1 (no crossing within c=1..8) |" in text
+
+
+def test_image_links_exist_on_disk(report):
+    path, text = report
+    links = IMAGE.findall(text)
+    assert links == [
+        "report_files/h200-smollm2-multiplier.png",
+        "report_files/h200-smollm2-throughput.png",
+        "report_files/h200-smollm2-acceptance.png",
+        "report_files/reference-b200-int4-multiplier.png",
+    ]
+    for link in links:
+        image = path.parent / link
+        assert image.is_file() and image.read_bytes()[:4] == b"\x89PNG"
+    assert "- skipped: reference-b200-int4: no throughput plot" in text
+
+
+def test_planned_ledger_says_so(report):
+    _, text = report
+    planned = text.split("## planned-small")[1]
+    assert "No measured points yet (status planned)." in planned
+    assert "_No plots: planned-small: nothing to plot: no measured points (status planned)._" in planned
+
+
+def test_effective_config_differences():
+    names, rows = effective_config_differences(H200)
+    assert names == ["baseline", "matched-baseline", "ngram", "draft-self"]
+    assert dict(rows) == {
+        "async_scheduling": [True, False, False, False],
+        "use_v2_model_runner": [True, False, False, False],
+    }
+    data = json.loads(json.dumps(H200.data))
+    data["arms"][1]["effective_config"].pop("max_num_seqs")
+    names, rows = effective_config_differences(parse_ledger(json.dumps(data), "x.json"))
+    assert dict(rows)["max_num_seqs"] == [64, "(absent)", 64, 64]
+
+
+def test_markdown_table():
+    assert markdown_table(["a", "b"], [["x|y", 1.5]], right=[False, True]) == ("| a | b |\n|---|---:|\n| x\\|y | 1.5 |")
+    with pytest.raises(ValueError, match="row has 1 cells, table has 2 columns"):
+        markdown_table(["a", "b"], [["only"]])
+
+
+def test_cli_report(tmp_path, capsys):
+    out = tmp_path / "sub" / "small.md"
+    assert main(["report", str(SMALL_PATH), "-o", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    text = out.read_text()
+    assert "| eagle | copy | 0 | 1 | 100 | 180 | 1.80x | 1.90x | 2.50 | 0.375 | 3% |" in text
+    assert all((out.parent / link).is_file() for link in IMAGE.findall(text))
+    assert main(["report", str(SMALL_PATH), "-o", str(tmp_path)]) == 2  # a directory is not a report name
+    assert main(["report", str(SMALL_PATH)]) == 2
