@@ -467,11 +467,39 @@ def accelerator() -> dict[str, Any]:
         driver = _nvidia_driver()
         if driver:
             out["driver"] = driver
+        if out["count"] > 1:
+            link = _interconnect()
+            if link:
+                out["interconnect"] = link
         return out
     import platform
 
     return {"kind": "cpu", "name": platform.processor() or platform.machine(), "count": 1,
             "cpu_count": os.cpu_count() or 1}
+
+
+def _interconnect() -> str | None:
+    """GPU-to-GPU links as ``nvidia-smi topo -m`` names them (NV18 = 18 NVLinks, PIX/PHB/SYS = PCIe paths)."""
+    import subprocess
+
+    with contextlib.suppress(Exception):
+        res = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=20)
+        return topology_summary(res.stdout)
+    return None
+
+
+def topology_summary(topo: str) -> str | None:
+    """'GPU0-GPU1 NV18, ...' from the matrix printed by ``nvidia-smi topo -m`` (pure, so it is unit-tested)."""
+    rows = [line.split() for line in topo.splitlines() if line.startswith("GPU")]
+    if not rows:
+        return None
+    header = [h for h in topo.splitlines()[0].split() if h.startswith("GPU")]
+    links = []
+    for row in rows:
+        for j, peer in enumerate(header):
+            if j + 1 < len(row) and row[0] < peer:
+                links.append(f"{row[0]}-{peer} {row[j + 1]}")
+    return ", ".join(links) or None
 
 
 def _nvidia_driver() -> str | None:

@@ -73,3 +73,34 @@ def test_ctrl_c_shuts_the_engine_down_and_leaves_no_orphans(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_tensor_parallel_arguments_reach_the_engine_arguments():
+    """TP for the target and the drafter travel from the ledger to vLLM's own argument class unchanged."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    ledger = {
+        "target": {"model": "embedded:smollm2", "dtype": "bfloat16", "max_model_len": 4096},
+        "engine_args": {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.4},
+        "arms": [
+            {"name": "baseline", "role": "baseline"},
+            {"name": "draft", "role": "speculative",
+             "speculative_config": {"method": "draft_model", "model": "target", "num_speculative_tokens": 4,
+                                    "draft_tensor_parallel_size": 1}},
+        ],
+    }
+    specs = engines.arm_specs(ledger, "/models/target")
+    assert [s.engine_args["tensor_parallel_size"] for s in specs] == [2, 2]
+    draft = specs[1].engine_args["speculative_config"]
+    assert draft["draft_tensor_parallel_size"] == 1 and draft["model"] == "/models/target"
+    args = AsyncEngineArgs(**specs[1].engine_args)
+    assert args.tensor_parallel_size == 2
+    assert args.speculative_config["draft_tensor_parallel_size"] == 1
+
+
+def test_topology_summary_reads_nvidia_smi_topo():
+    topo = ("\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\n"
+            "GPU0\t X \tNV18\t0-31\t0\n"
+            "GPU1\tNV18\t X \t0-31\t0\n")
+    assert engines.topology_summary(topo) == "GPU0-GPU1 NV18"
+    assert engines.topology_summary("no gpus here") is None
