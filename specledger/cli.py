@@ -175,6 +175,209 @@ def _run_demo(argv: list[str]) -> int:
     return int(demo.main(argv) or 0)
 
 
+def _audit_report_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("reports", nargs="+", metavar="REPORT.md", help="Markdown files with claim marks")
+    parser.add_argument("--ledgers", default="ledgers", metavar="DIR", help="where the ledgers are (default: ledgers)")
+    parser.add_argument("--strict", action="store_true", help="unaudited numbers fail the run too")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print only what fails and the summary")
+
+
+@command(
+    "audit-report",
+    "check the numeric claims marked in Markdown reports against the ledgers",
+    _audit_report_arguments,
+)
+def cmd_audit_report(args: argparse.Namespace) -> int:
+    from specledger.claims import LedgerSet, audit_report, summary_line
+
+    missing = [r for r in args.reports if not Path(r).is_file()]
+    if missing:
+        raise _UsageError(f"no such report: {' '.join(missing)}")
+    try:
+        ledgers = LedgerSet.load([args.ledgers])
+    except FileNotFoundError as e:
+        raise _UsageError(str(e)) from None
+    for problem in ledgers.problems:
+        print(f"warning: ledger does not load: {problem}")
+    audits = [audit_report(report, ledgers) for report in args.reports]
+    for audit in audits:
+        for verdict in audit.verdicts:
+            if verdict.status != "holds" or not args.quiet:
+                print(verdict)
+        for number in audit.unaudited:
+            print(number)
+    print(summary_line(audits))
+    failed = any(a.count("fails") or a.count("unresolved") for a in audits)
+    return EXIT_PROBLEMS if failed or (args.strict and any(a.unaudited for a in audits)) else EXIT_OK
+
+
+def _policy_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("ledger", metavar="LEDGER", help="a measured ledger")
+    parser.add_argument("--workload", help="only this workload (default: every measured one)")
+    parser.add_argument("--temperature", type=float, help="only this temperature (default: every measured one)")
+    parser.add_argument("--drafter", help="only this drafter (a method, e.g. ngram; default: every one)")
+    parser.add_argument("--engine", metavar="VERSION", help="also judge engine support for this vLLM version")
+    parser.add_argument("--platform", choices=("cuda", "cpu"), default="cuda", help="platform of --engine")
+    parser.add_argument("--json", action="store_true", help="print the policies as JSON")
+
+
+@command(
+    "policy",
+    "derive a batch-size speculation schedule (and routing advice) from a ledger's measured curve",
+    _policy_arguments,
+)
+def cmd_policy(args: argparse.Namespace) -> int:
+    import json
+
+    from specledger.policy import derive_policies, drafter_groups, engine_verdicts, policy_document, render_policy
+
+    path = _ledger_paths([args.ledger])[0]
+    try:
+        ledger = load_ledger(path)
+    except LedgerError as e:
+        for problem in e.problems:
+            print(problem, file=sys.stderr)
+        return EXIT_PROBLEMS
+    if args.workload is not None and args.workload not in {w["name"] for w in ledger.workloads}:
+        raise _UsageError(f"{path}: no workload {args.workload!r}")
+    if args.drafter is not None and args.drafter not in drafter_groups(ledger):
+        raise _UsageError(f"{path}: no drafter {args.drafter!r} (drafters: {', '.join(drafter_groups(ledger))})")
+    policies = derive_policies(ledger, args.workload, args.temperature, args.drafter)
+    if not policies:
+        print(f"{path}: no measured points (with a concurrency) for these conditions", file=sys.stderr)
+        return EXIT_PROBLEMS
+    extra = [("vllm", args.engine, args.platform)] if args.engine else []
+    docs = []
+    for i, policy in enumerate(policies):
+        method = str(next(iter(policy.configs.values()))["method"])
+        verdicts = engine_verdicts(ledger, method, extra)
+        if args.json:
+            docs.append(policy_document(policy, verdicts))
+        else:
+            print(("\n" if i else "") + render_policy(policy, verdicts))
+    if args.json:
+        print(json.dumps(docs, indent=2))
+    return EXIT_OK
+
+
+def _load_valid_ledgers(paths: Sequence[str]) -> tuple[list, int]:
+    """(ledgers that load, number that do not); load problems go to stderr, the rest still run."""
+    ledgers, invalid = [], 0
+    for path in _ledger_paths(paths):
+        try:
+            ledgers.append(load_ledger(path))
+        except LedgerError as e:
+            invalid += 1
+            for problem in e.problems:
+                print(problem, file=sys.stderr)
+    return ledgers, invalid
+
+
+def _plot_arguments(parser: argparse.ArgumentParser) -> None:
+    _paths_argument(parser)
+    parser.add_argument("-o", "--out", required=True, metavar="DIR", help="folder for the PNGs (created if missing)")
+
+
+@command(
+    "plot",
+    "draw <id>-multiplier/-throughput/-acceptance.png per ledger (exit 1 if nothing could be drawn)",
+    _plot_arguments,
+)
+def cmd_plot(args: argparse.Namespace) -> int:
+    from specledger.plots import NothingToPlot, write_plots
+
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise _UsageError(f"-o {args.out}: exists and is not a directory")
+    ledgers, invalid = _load_valid_ledgers(args.paths)
+    written = 0
+    for ledger in ledgers:
+        try:
+            paths = write_plots(ledger, args.out, on_skip=lambda message: print(f"skipped: {message}"))
+        except NothingToPlot as e:
+            print(f"skipped: {e}")
+            continue
+        for path in paths:
+            print(path)
+        written += len(paths)
+    if not written:
+        print("no plots written", file=sys.stderr)
+    return EXIT_PROBLEMS if invalid or not written else EXIT_OK
+
+
+def _report_arguments(parser: argparse.ArgumentParser) -> None:
+    _paths_argument(parser)
+    parser.add_argument(
+        "-o", "--out", required=True, metavar="REPORT.md", help="the Markdown file; plots go to REPORT_files/ beside it"
+    )
+
+
+@command("report", "write a Markdown report: conditions, tables, notes and plots of each ledger", _report_arguments)
+def cmd_report(args: argparse.Namespace) -> int:
+    from specledger.markdown_report import write_report
+
+    if Path(args.out).is_dir():
+        raise _UsageError(f"-o {args.out}: is a directory, expected a Markdown file name")
+    ledgers, invalid = _load_valid_ledgers(args.paths)
+    if not ledgers:
+        print("no ledger loads; no report written", file=sys.stderr)
+        return EXIT_PROBLEMS
+    print(write_report(ledgers, args.out))
+    return EXIT_PROBLEMS if invalid else EXIT_OK
+
+
+def _mix_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("ledger", metavar="LEDGER", help="a ledger with points for several workloads")
+    parser.add_argument(
+        "--weights",
+        metavar="W=SHARE,...",
+        help="share of generated tokens per workload, summing to 1, e.g. free-form=0.935,copy=0.065 "
+        "(default: the ledger's workload_mix by generated tokens)",
+    )
+    parser.add_argument("--arm", help="only this speculative arm (default: every one)")
+    parser.add_argument("--temperature", type=float, help="only this temperature (default: every measured one)")
+
+
+@command(
+    "mix",
+    "fleet multiplier per concurrency of a workload mix (time-weighted) and its critical concurrency",
+    _mix_arguments,
+)
+def cmd_mix(args: argparse.Namespace) -> int:
+    from specledger.mix import (
+        MixError,
+        check_weights,
+        default_weights,
+        fleet_curve,
+        mix_arms,
+        mix_temperatures,
+        parse_weights,
+        render_fleet,
+    )
+
+    path = _ledger_paths([args.ledger])[0]
+    try:
+        ledger = load_ledger(path)
+    except LedgerError as e:
+        for problem in e.problems:
+            print(problem, file=sys.stderr)
+        return EXIT_PROBLEMS
+    try:
+        weights = parse_weights(args.weights) if args.weights is not None else default_weights(ledger)
+        if weights is None:
+            raise MixError(f"{path}: --weights is needed (the ledger has no workload_mix by generated tokens)")
+        check_weights(ledger, weights)
+        arms = mix_arms(ledger, args.arm)
+        if not ledger.points:
+            print(f"{path}: no measured points (status {ledger.status})", file=sys.stderr)
+            return EXIT_PROBLEMS
+        conditions = [(arm, t) for arm in arms for t in mix_temperatures(ledger, arm, args.temperature)]
+    except MixError as e:
+        raise _UsageError(str(e)) from None
+    curves = [fleet_curve(ledger, weights, arm, temperature) for arm, temperature in conditions]
+    print("\n\n".join(render_fleet(curve) for curve in curves) or f"{path}: no multiplier at a known concurrency")
+    return EXIT_OK if any(not curve.empty for curve in curves) else EXIT_PROBLEMS
+
+
 # --------------------------------------------------------------------------------------------
 # dispatch
 # --------------------------------------------------------------------------------------------
