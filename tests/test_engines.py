@@ -75,7 +75,7 @@ def test_ctrl_c_shuts_the_engine_down_and_leaves_no_orphans(tmp_path):
             proc.kill()
 
 
-def test_tensor_parallel_arguments_reach_the_engine_arguments():
+def test_tensor_parallel_arguments_reach_the_engine_arguments(tmp_path):
     """TP for the target and the drafter travel from the ledger to vLLM's own argument class unchanged."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -89,10 +89,11 @@ def test_tensor_parallel_arguments_reach_the_engine_arguments():
                                     "draft_tensor_parallel_size": 1}},
         ],
     }
-    specs = engines.arm_specs(ledger, "/models/target")
+    target = str(tmp_path)  # an existing local folder: vLLM resolves hub ids at argument time
+    specs = engines.arm_specs(ledger, target)
     assert [s.engine_args["tensor_parallel_size"] for s in specs] == [2, 2]
     draft = specs[1].engine_args["speculative_config"]
-    assert draft["draft_tensor_parallel_size"] == 1 and draft["model"] == "/models/target"
+    assert draft["draft_tensor_parallel_size"] == 1 and draft["model"] == target
     args = AsyncEngineArgs(**specs[1].engine_args)
     assert args.tensor_parallel_size == 2
     assert args.speculative_config["draft_tensor_parallel_size"] == 1
