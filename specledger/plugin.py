@@ -78,12 +78,7 @@ def _points(ledger: Ledger) -> Iterator[LedgerPoint]:
             keys.append((point["workload"], float(point["temperature"]), int(point["concurrency"])))
     if ledger.data.get("sweep"):
         keys += [(w, float(t), int(c)) for (w, t, c) in ledger.grid()]
-    seen: set[tuple[str, float, int]] = set()
-    ordered = sorted(dict.fromkeys(keys), key=lambda k: (k[0], k[1], k[2]))
-    for key in ordered:
-        if key in seen:
-            continue
-        seen.add(key)
+    for key in sorted(set(keys)):
         for arm in ledger.speculative_arms():
             yield LedgerPoint(ledger, arm["name"], *key)
 
@@ -111,7 +106,6 @@ def specledger(request: pytest.FixtureRequest) -> Iterator[Any]:
 
     config = request.config
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-
     capture = config.pluginmanager.get_plugin("capturemanager")
 
     def progress(message: str) -> None:
@@ -124,11 +118,10 @@ def specledger(request: pytest.FixtureRequest) -> Iterator[Any]:
             reporter.write_line(line)
 
     out = config.getoption("--ledger-out")
-    session = SuiteSession(root=Path(str(config.rootpath)), record=bool(config.getoption("--ledger-record")
-                                                                        or out),
+    session = SuiteSession(root=Path(str(config.rootpath)), record=bool(config.getoption("--ledger-record")),
                            out_dir=Path(out) if out else None, progress=progress,
-                           command=" ".join(["pytest", *config.invocation_params.args]))
-    session.only_missing = bool(config.getoption("--ledger-only-missing"))
+                           command=" ".join(["pytest", *config.invocation_params.args]),
+                           only_missing=bool(config.getoption("--ledger-only-missing")))
     config.stash[_SESSION_KEY] = session
     try:
         yield session

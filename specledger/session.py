@@ -23,10 +23,10 @@ Progress = Callable[[str], None]
 
 class SuiteSession:
     def __init__(self, *, root: Path, record: bool, out_dir: Path | None = None,
-                 progress: Progress = print, command: str | None = None) -> None:
+                 progress: Progress = print, command: str | None = None, only_missing: bool = False) -> None:
         self.root = root
         self.record = record
-        self.only_missing = False
+        self.only_missing = only_missing
         self.out_dir = out_dir
         self.progress = progress
         self.command = command
