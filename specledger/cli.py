@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specledger import __version__
-from specledger.schema import LedgerError, iter_ledger_paths, load_ledger
+from specledger.schema import Ledger, LedgerError, iter_ledger_paths, load_ledger
 
 __all__ = ["COMMANDS", "Command", "command", "main"]
 
@@ -61,6 +61,23 @@ def _ledger_paths(paths: Sequence[str]) -> list[Path]:
     if not found:
         raise _UsageError(f"no ledger files (*.json) under {' '.join(paths)}")
     return found
+
+
+class _LedgerProblems(Exception):
+    """A ledger a one-ledger subcommand needs does not load (exit 1, problems on stderr)."""
+
+    def __init__(self, error: LedgerError) -> None:
+        super().__init__(str(error))
+        self.problems = error.problems
+
+
+def _load_one(path_argument: str) -> tuple[Path, Ledger]:
+    """The single ledger named on the command line, or _LedgerProblems (see main)."""
+    path = _ledger_paths([path_argument])[0]
+    try:
+        return path, load_ledger(path)
+    except LedgerError as e:
+        raise _LedgerProblems(e) from None
 
 
 def _paths_argument(parser: argparse.ArgumentParser) -> None:
@@ -231,13 +248,7 @@ def cmd_policy(args: argparse.Namespace) -> int:
 
     from specledger.policy import derive_policies, drafter_groups, engine_verdicts, policy_document, render_policy
 
-    path = _ledger_paths([args.ledger])[0]
-    try:
-        ledger = load_ledger(path)
-    except LedgerError as e:
-        for problem in e.problems:
-            print(problem, file=sys.stderr)
-        return EXIT_PROBLEMS
+    path, ledger = _load_one(args.ledger)
     if args.workload is not None and args.workload not in {w["name"] for w in ledger.workloads}:
         raise _UsageError(f"{path}: no workload {args.workload!r}")
     if args.drafter is not None and args.drafter not in drafter_groups(ledger):
@@ -354,13 +365,7 @@ def cmd_mix(args: argparse.Namespace) -> int:
         render_fleet,
     )
 
-    path = _ledger_paths([args.ledger])[0]
-    try:
-        ledger = load_ledger(path)
-    except LedgerError as e:
-        for problem in e.problems:
-            print(problem, file=sys.stderr)
-        return EXIT_PROBLEMS
+    path, ledger = _load_one(args.ledger)
     try:
         weights = parse_weights(args.weights) if args.weights is not None else default_weights(ledger)
         if weights is None:
@@ -376,6 +381,83 @@ def cmd_mix(args: argparse.Namespace) -> int:
     curves = [fleet_curve(ledger, weights, arm, temperature) for arm, temperature in conditions]
     print("\n\n".join(render_fleet(curve) for curve in curves) or f"{path}: no multiplier at a known concurrency")
     return EXIT_OK if any(not curve.empty for curve in curves) else EXIT_PROBLEMS
+
+
+def _import_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", nargs="+", metavar="RESULT.json",
+                        help="vllm bench serve --save-result files, one per arm and concurrency (arm: its --label)")
+    parser.add_argument("--id", required=True, dest="ledger_id", help="the ledger's id (lower case, digits, . _ -)")
+    parser.add_argument("-o", "--out", required=True, metavar="LEDGER.json", help="where to write the ledger")
+    parser.add_argument("--force", action="store_true", help="replace LEDGER.json if it exists")
+    parser.add_argument("--baseline-label", default="baseline", metavar="LABEL",
+                        help="the --label of the baseline runs (default: baseline)")
+    parser.add_argument("--arm", action="append", default=[], metavar="NAME=FILE",
+                        help="file FILE under arm NAME instead of its label (repeatable)")
+    parser.add_argument("--spec-config", action="append", default=[], metavar="NAME=JSON",
+                        help="speculative_config of arm NAME where the files do not record it (repeatable)")
+    parser.add_argument("--temperature", type=float, help="the runs' temperature where the files do not record it")
+    parser.add_argument("--workload", help="workload name (default: the files' metadata, else 'bench')")
+    parser.add_argument("--workload-kind", choices=("free-form", "copy", "math", "code", "mixed", "other"))
+    parser.add_argument("--engine", metavar="NAME=VERSION", help="engine where the files do not say, e.g. vllm=0.26.0")
+    parser.add_argument("--accelerator", metavar="KIND[:NAME]", help="where the files do not say: cpu, cuda:H200")
+    parser.add_argument("--target-name", help="short target name for test ids (default: from the model folder)")
+    parser.add_argument("--target-model", help="target.model to state, e.g. embedded:smollm2 (default: model_id)")
+    parser.add_argument("--title", help="ledger title")
+
+
+def _pairs(values: Sequence[str], flag: str) -> list[tuple[str, str]]:
+    """NAME=VALUE arguments as pairs; a missing '=' is a usage error."""
+    pairs = [tuple(v.split("=", 1)) for v in values]
+    bad = [v for v, p in zip(values, pairs, strict=True) if len(p) != 2 or not p[0]]
+    if bad:
+        raise _UsageError(f"{flag} {bad[0]!r}: expected NAME=VALUE")
+    return [(p[0], p[1]) for p in pairs]
+
+
+@command("import-bench", "turn vllm bench serve result files into a ledger (measured, with provenance)",
+         _import_bench_arguments)
+def cmd_import_bench(args: argparse.Namespace) -> int:
+    import json
+
+    from specledger.bench_import import BenchImportError, import_bench
+    from specledger.schema import write_ledger
+
+    missing = [f for f in args.files if not Path(f).is_file()]
+    if missing:
+        raise _UsageError(f"no such result file: {' '.join(missing)}")
+    configs = {}
+    for name, text in _pairs(args.spec_config, "--spec-config"):
+        try:
+            configs[name] = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise _UsageError(f"--spec-config {name}: not JSON: {e}") from None
+    engine = dict(zip(("name", "version"), _pairs([args.engine], "--engine")[0], strict=True)) if args.engine else None
+    accelerator = None
+    if args.accelerator:
+        kind, _, accel_name = args.accelerator.partition(":")
+        accelerator = {"kind": kind, **({"name": accel_name} if accel_name else {})}
+    # What the importer was told rather than read from the files goes into provenance.command.
+    given = [f"--{flag.replace('_', '-')} {value}"
+             for flag in ("temperature", "engine", "accelerator", "workload", "spec_config", "arm")
+             for value in (getattr(args, flag) if isinstance(getattr(args, flag), list) else [getattr(args, flag)])
+             if value is not None]
+    try:
+        data = import_bench(
+            args.files, ledger_id=args.ledger_id, baseline_label=args.baseline_label,
+            arm_of={file: name for name, file in _pairs(args.arm, "--arm")}, speculative_configs=configs,
+            temperature=args.temperature, workload=args.workload, workload_kind=args.workload_kind, engine=engine,
+            accelerator=accelerator, target_name=args.target_name, target_model=args.target_model, title=args.title,
+            command=" ".join(["specledger import-bench", *given]) if given else None,
+        )
+        write_ledger(args.out, data, overwrite=args.force)
+    except (BenchImportError, LedgerError) as e:
+        print(e, file=sys.stderr)
+        return EXIT_PROBLEMS
+    except FileExistsError as e:
+        raise _UsageError(f"{args.out} exists (use --force to replace it)") from e
+    arms = ", ".join(a["name"] for a in data["arms"])
+    print(f"{args.out}: {len(data['points'])} point(s), arms {arms}, from {len(args.files)} file(s)")
+    return EXIT_OK
 
 
 # --------------------------------------------------------------------------------------------
@@ -410,6 +492,10 @@ def main(argv: list[str] | None = None) -> int:
     except _UsageError as e:
         print(f"specledger {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except _LedgerProblems as e:
+        for problem in e.problems:
+            print(problem, file=sys.stderr)
+        return EXIT_PROBLEMS
 
 
 if __name__ == "__main__":

@@ -130,6 +130,22 @@ def specledger(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 
 _SESSION_KEY = pytest.StashKey[Any]()
+_CUDA_KEY = pytest.StashKey[bool]()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """GPU ledger points skip without CUDA, also when `-m` replaced the default `not gpu` selection."""
+    if item.get_closest_marker("gpu") is None:
+        return
+    if _CUDA_KEY not in item.config.stash:
+        try:
+            import torch
+
+            item.config.stash[_CUDA_KEY] = bool(torch.cuda.is_available())
+        except ImportError:
+            item.config.stash[_CUDA_KEY] = False
+    if not item.config.stash[_CUDA_KEY]:
+        pytest.skip("needs a CUDA GPU (this is a gpu ledger point)")
 
 
 def check_point(session: Any, point: LedgerPoint) -> None:

