@@ -153,14 +153,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from specledger.report import critical_table, format_table, points_table
 
-    ledgers, invalid = [], 0
-    for path in _ledger_paths(args.paths):
-        try:
-            ledgers.append(load_ledger(path))
-        except LedgerError as e:
-            invalid += 1
-            for problem in e.problems:
-                print(problem, file=sys.stderr)
+    ledgers, invalid = _load_valid_ledgers(args.paths)
     print("Points")
     print(format_table(points_table(ledgers)))
     print()
