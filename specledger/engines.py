@@ -111,7 +111,10 @@ class ArmEngine:
         self._lock = threading.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------------------
-    def start(self) -> ArmEngine:
+    def spawn(self) -> ArmEngine:
+        """Start the worker process; it imports vLLM and then waits for `start` (no GPU work yet)."""
+        if self._proc is not None:
+            return self
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
         self._proc = ctx.Process(target=_worker_main, args=(child, self.spec, os.getpid()),
@@ -120,6 +123,13 @@ class ArmEngine:
         child.close()
         self._conn = parent
         _LIVE.add(self)
+        return self
+
+    def start(self) -> ArmEngine:
+        """Build the engine in the (spawned) worker and wait until it serves; fills `info`."""
+        self.spawn()
+        self._receive(self.start_timeout_s, "import")
+        self._conn.send({"cmd": "start"})
         reply = self._receive(self.start_timeout_s, "start")
         self.info = reply["info"]
         return self
@@ -180,7 +190,7 @@ class ArmEngine:
                 raise TimeoutError(f"arm {self.spec.name}: no answer to {what} within {timeout_s:.0f} s")
         reply = self._conn.recv()
         if reply.get("error"):
-            if what == "start":
+            if what in ("import", "start"):
                 self.close()
             raise EngineStartError(f"arm {self.spec.name}: {what} failed in the worker:\n{reply['error']}")
         return reply
@@ -188,19 +198,27 @@ class ArmEngine:
 
 def start_arms(specs: Iterable[ArmSpec], *, progress: Any = None,
                failures: dict[str, BaseException] | None = None) -> list[ArmEngine]:
-    """Start arms one after another (parallel starts race in vLLM's memory profiling).
+    """Start arms: every worker process at once, then the engines one after another.
 
-    With ``failures`` given, an arm that fails to start is recorded there and the others
-    still start: one broken drafter should not cost a whole GPU visit.
+    Spawning and importing vLLM (about 20 s a process on the H200 machine) touch no GPU
+    memory, so they overlap. Engine construction stays sequential: vLLM sizes the KV cache
+    from the device's free memory while it profiles, and a neighbour allocating at the
+    same time would shrink it. With ``failures`` given, an arm that fails to start is
+    recorded there and the others still start: one broken drafter should not cost a
+    whole GPU visit.
     """
+    pending = [ArmEngine(spec) for spec in specs]
     started: list[ArmEngine] = []
     try:
-        for spec in specs:
+        for arm in pending:
+            arm.spawn()
+        for arm in pending:
+            spec = arm.spec
             t0 = time.monotonic()
             if progress:
                 progress(f"starting arm {spec.describe()}")
             try:
-                started.append(ArmEngine(spec).start())
+                started.append(arm.start())
             except EngineStartError as exc:
                 if failures is None:
                     raise
@@ -210,10 +228,12 @@ def start_arms(specs: Iterable[ArmSpec], *, progress: Any = None,
                 continue
             if progress:
                 kv = started[-1].info.get("kv_cache", {})
-                progress(f"arm {spec.name} ready in {time.monotonic() - t0:.0f} s "
-                         f"(KV cache {kv.get('tokens', '?')} tokens)")
+                st = started[-1].info.get("start_timings", {})
+                build = st.get("ready_at", 0.0) - st.get("build_started_at", 0.0)
+                progress(f"arm {spec.name} ready in {time.monotonic() - t0:.0f} s (engine build {build:.0f} s, "
+                         f"KV cache {kv.get('tokens', '?')} tokens)")
     except BaseException:
-        for arm in started:
+        for arm in pending:
             arm.close()
         raise
     return started
@@ -258,8 +278,16 @@ def _worker_main(conn: Any, spec: ArmSpec, parent_pid: int) -> None:
     asyncio.set_event_loop(loop)
     engine = None
     try:
+        _import_engine_modules()
+        imported_at = time.time()
+        conn.send({"ok": True, "stage": "imported"})
+        if conn.recv().get("cmd") != "start":
+            os._exit(0)  # asked to shut down before the engine was built
+        build_started_at = time.time()
         engine, tokenizer = loop.run_until_complete(_start_engine(spec))
         info = loop.run_until_complete(_engine_info(engine, spec))
+        info["start_timings"] = {"imported_at": imported_at, "build_started_at": build_started_at,
+                                 "ready_at": time.time()}
         conn.send({"ok": True, "info": info})
     except BaseException:
         conn.send({"error": traceback.format_exc()})
@@ -356,6 +384,13 @@ def _shutdown(engine: Any) -> None:
     if engine is not None:
         with contextlib.suppress(Exception):
             engine.shutdown()
+
+
+def _import_engine_modules() -> None:
+    """The imports `_start_engine` needs, done while other arms' engines are being built."""
+    import transformers  # noqa: F401
+    from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: F401
+    from vllm.v1.engine.async_llm import AsyncLLM  # noqa: F401
 
 
 async def _start_engine(spec: ArmSpec) -> tuple[Any, Any]:

@@ -3,7 +3,9 @@
 Pairing is the point: every arm sees the same prompts in the same repeat, and arms
 alternate within a point (A B C, then C B A) so that drift of the machine (clocks,
 other tenants, a warming cache) lands on every arm alike. Counters are deltas per
-arm and per repeat, summed over the repeats of the point.
+arm and per repeat, summed over the repeats of the point. With ``repeat_prompts:
+same`` every repeat also sends the same prompts, so the repeat spread is timing noise
+alone (with the default, rotate, it also carries the prompt mix).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 from specledger import __version__, counters, load
 from specledger.schema import Ledger
 from specledger.theory import sessions as sessions_at
-from specledger.workloads import load_workload, resolve_fixture
+from specledger.workloads import cycle_prompts, load_workload, resolve_fixture
 
 Progress = Callable[[str], None]
 DEFAULT_MAX_TOKENS = 128
@@ -60,8 +62,11 @@ def sampling_for(ledger: Ledger, workload_name: str, temperature: float) -> dict
     return sampling
 
 
-def _cycle(prompts: Sequence[str], n: int, offset: int) -> list[str]:
-    return [prompts[(offset + i) % len(prompts)] for i in range(n)]
+def repeat_batches(prompts: Sequence[str], n: int, repeats: int, mode: str = "rotate") -> list[list[str]]:
+    """The prompts of each repeat: the same block every time ("same") or the next block ("rotate")."""
+    if mode not in ("rotate", "same"):
+        raise ValueError(f"repeat_prompts must be 'rotate' or 'same', not {mode!r}")
+    return [cycle_prompts(prompts, n, 0 if mode == "same" else r * n) for r in range(repeats)]
 
 
 def warm_up(arms: Mapping[str, Any], prompts: Sequence[str], concurrencies: Sequence[int],
@@ -70,8 +75,8 @@ def warm_up(arms: Mapping[str, Any], prompts: Sequence[str], concurrencies: Sequ
     top = max(concurrencies)
     for name, arm in arms.items():
         t0 = time.monotonic()
-        arm.run(prompts=_cycle(prompts, 2, 0), concurrency=1, sampling=sampling)
-        arm.run(prompts=_cycle(prompts, 2 * top, 0), concurrency=top, sampling=sampling)
+        arm.run(prompts=cycle_prompts(prompts, 2, 0), concurrency=1, sampling=sampling)
+        arm.run(prompts=cycle_prompts(prompts, 2 * top, 0), concurrency=top, sampling=sampling)
         progress(f"warm-up {name}: {time.monotonic() - t0:.1f} s")
 
 
@@ -91,11 +96,11 @@ def measure_point(ledger: Ledger, arms: Mapping[str, Any], workload: str, temper
     t_start = time.monotonic()
     if warmup:
         for name in names:
-            arms[name].run(prompts=_cycle(prompts, warmup, len(prompts) // 2), concurrency=concurrency,
+            arms[name].run(prompts=cycle_prompts(prompts, warmup, len(prompts) // 2), concurrency=concurrency,
                            sampling=sampling)
     settle_s = float(sweep.get("settle_s", 0.0))
-    for r in range(repeats):
-        batch = _cycle(prompts, n, r * n)
+    batches = repeat_batches(prompts, n, repeats, sweep.get("repeat_prompts", "rotate"))
+    for r, batch in enumerate(batches):
         order = names if r % 2 == 0 else list(reversed(names))
         for name in order:
             time.sleep(settle_s)

@@ -12,6 +12,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 __all__ = [
     "WORKLOAD_DIR",
@@ -90,11 +93,11 @@ def load_workload(path: str | Path) -> list[Prompt]:
     return prompts
 
 
-def cycle_prompts(prompts: Sequence[Prompt], n: int, offset: int = 0) -> list[Prompt]:
+def cycle_prompts(prompts: Sequence[T], n: int, offset: int = 0) -> list[T]:
     """Take ``n`` prompts round-robin from ``offset``.
 
-    A closed-loop run sends more requests than there are prompts; starting each repeat at a
-    different offset keeps repeats from all hitting the same (cached, warm) prompt first.
+    A closed-loop run sends more requests than there are prompts. Works on `Prompt` records
+    and on plain prompt texts alike.
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")

@@ -105,3 +105,20 @@ def test_topology_summary_reads_nvidia_smi_topo():
             "GPU1\tNV18\t X \t0-31\t0\n")
     assert engines.topology_summary(topo) == "GPU0-GPU1 NV18"
     assert engines.topology_summary("no gpus here") is None
+
+
+def test_a_spawned_worker_imports_and_waits_without_building_an_engine(tmp_path):
+    """start_arms spawns every worker first: imports overlap, engine builds (GPU memory) do not."""
+    spec = engines.ArmSpec(name="idle", role="baseline",
+                           engine_args={"model": str(tmp_path / "never-built"), "dtype": "float32"})
+    arm = engines.ArmEngine(spec).spawn()
+    try:
+        assert arm._conn.poll(300), "the worker never reported its imports"
+        assert arm._conn.recv() == {"ok": True, "stage": "imported"}
+        time.sleep(2)
+        children = subprocess.run(["pgrep", "-P", str(arm._proc.pid)], capture_output=True, text=True).stdout
+        assert arm.alive and not children.split(), "no engine (core process) before the start command"
+        pid = arm._proc.pid
+    finally:
+        arm.close()
+    assert not arm.alive and not _group_alive(pid)

@@ -201,3 +201,27 @@ def test_ruff_clean() -> None:
         pytest.skip("ruff not installed")
     result = subprocess.run([ruff, "check", *OWN_FILES], cwd=REPO_ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- repeat_batches (which prompts each repeat sends) -------------------------------------------
+
+
+@given(n_prompts=st.integers(1, 12), n=st.integers(1, 20), repeats=st.integers(1, 5))
+def test_same_repeats_send_identical_batches(n_prompts: int, n: int, repeats: int) -> None:
+    from specledger.measure import repeat_batches
+
+    texts = [f"prompt {i}" for i in range(n_prompts)]
+    batches = repeat_batches(texts, n, repeats, "same")
+    assert len(batches) == repeats
+    assert all(b == batches[0] for b in batches)
+    assert batches[0] == cycle_prompts(texts, n, 0)
+
+
+def test_rotating_repeats_take_the_next_block() -> None:
+    from specledger.measure import repeat_batches
+
+    texts = [f"p{i}" for i in range(10)]
+    assert repeat_batches(texts, 4, 3, "rotate") == [
+        ["p0", "p1", "p2", "p3"], ["p4", "p5", "p6", "p7"], ["p8", "p9", "p0", "p1"]]
+    with pytest.raises(ValueError, match="repeat_prompts"):
+        repeat_batches(texts, 4, 3, "shuffle")
