@@ -148,13 +148,22 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip("needs a CUDA GPU (this is a gpu ledger point)")
 
 
-def check_point(session: Any, point: LedgerPoint) -> None:
-    """Measure (once per point) and record or verify; the assertion message carries the whole story."""
+def skip_reason(session: Any, point: LedgerPoint) -> str | None:
+    """Why this point has nothing to measure in this mode (decided before any engine or timer starts)."""
     committed = point.ledger.find_point(*point.key)
     if session.record and session.only_missing and committed is not None:
-        pytest.skip(f"{point.test_id}: already recorded (--ledger-only-missing)")
+        return f"{point.test_id}: already recorded (--ledger-only-missing)"
     if not session.record and committed is None:
-        pytest.skip(f"{point.test_id}: no committed figures for this point; run with --ledger-record")
+        return f"{point.test_id}: no committed figures for this point; run with --ledger-record"
+    return None
+
+
+def check_point(session: Any, point: LedgerPoint) -> None:
+    """Measure (once per point) and record or verify; the assertion message carries the whole story."""
+    reason = skip_reason(session, point)
+    if reason:
+        pytest.skip(reason)
+    committed = point.ledger.find_point(*point.key)
     measured = session.measure(point.ledger, point.key)
     failure = session.arm_failure(point.ledger, point.arm)
     if failure is not None:
@@ -181,6 +190,9 @@ def ledger_check(specledger: Any, request: pytest.FixtureRequest) -> Any:
     """Callable that checks one LedgerPoint; its timings also go to pytest-benchmark's JSON."""
 
     def run(point: LedgerPoint) -> None:
+        reason = skip_reason(specledger, point)
+        if reason:  # before the benchmark fixture: a benchmark left without data breaks its JSON report
+            pytest.skip(reason)
         has_benchmark = request.config.pluginmanager.hasplugin("benchmark")
         benchmark = request.getfixturevalue("benchmark") if has_benchmark else None
         if benchmark is None:
