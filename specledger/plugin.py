@@ -195,14 +195,26 @@ def ledger_check(specledger: Any, request: pytest.FixtureRequest) -> Any:
             pytest.skip(reason)
         has_benchmark = request.config.pluginmanager.hasplugin("benchmark")
         benchmark = request.getfixturevalue("benchmark") if has_benchmark else None
-        if benchmark is None:
-            check_point(specledger, point)
-            return
-        benchmark.group = point.ledger.id
-        benchmark.pedantic(check_point, args=(specledger, point), rounds=1, iterations=1)
-        measured = specledger.cached(point.ledger, point.key)
-        if measured is not None:
-            benchmark.extra_info.update({"arm": point.arm, "point_wall_s": round(measured.wall_s, 3),
-                                         "timings": measured.timings})
+        if benchmark is not None:
+            # Only the measurement runs under the timer, and it never raises there: a benchmark
+            # left without data makes pytest-benchmark's JSON report crash at session end, and
+            # that crash also swallowed pytest's failure report (seen on the H200).
+            errors: list[BaseException] = []
+
+            def timed() -> None:
+                try:
+                    specledger.measure(point.ledger, point.key)
+                except Exception as exc:  # re-raised below, outside the timer
+                    errors.append(exc)
+
+            benchmark.group = point.ledger.id
+            benchmark.pedantic(timed, rounds=1, iterations=1)
+            measured = specledger.cached(point.ledger, point.key)
+            if measured is not None:
+                benchmark.extra_info.update({"arm": point.arm, "point_wall_s": round(measured.wall_s, 3),
+                                             "timings": measured.timings})
+            if errors:
+                raise errors[0]
+        check_point(specledger, point)  # the measurement is cached: this records or compares it
 
     return run

@@ -27,3 +27,42 @@ def test_skipped_points_leave_pytest_benchmark_json_intact(tmp_path: Path) -> No
     assert "Traceback" not in proc.stdout + proc.stderr
     if report.exists():  # pytest-benchmark writes no file when nothing was benchmarked
         assert json.loads(report.read_text())["benchmarks"] == []
+
+
+FAKE_MEASURE = '''
+"""Test-only plugin: replaces the engine measurement with the committed point, ngram made 10x faster."""
+import copy
+
+from specledger import measure, session
+
+
+def fake_measure(self, ledger, key):
+    point = copy.deepcopy(ledger.find_point(*key))
+    point["arms"]["ngram"]["multiplier"] *= 10
+    return self._cache.setdefault((ledger.id, key), measure.PointMeasurement(key, point, {}, 0.1))
+
+
+session.SuiteSession.measure = fake_measure
+'''
+
+
+def test_a_failing_point_keeps_its_report_and_the_benchmark_json(tmp_path: Path) -> None:
+    """Out of tolerance: pytest reports measured vs committed, and pytest-benchmark still writes JSON.
+
+    Only the plugin glue is under test here, so the engine measurement is replaced by a fake
+    (a child process, so nothing leaks into this session).
+    """
+    (tmp_path / "fake_measure.py").write_text(FAKE_MEASURE)
+    report = tmp_path / "bench.json"
+    env = dict(__import__("os").environ, PYTHONPATH=f"{tmp_path}:{ROOT}")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/test_ledgers.py", "-p", "no:cacheprovider", "-p", "fake_measure",
+         "-q", "-m", "not gpu", "-o", "addopts=", "--ledger", "ledgers/cpu-smollm2.json", "-k", "copy-T0-c1",
+         "--benchmark-json", str(report)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "outside the ledger's tolerance" in out and "OUT OF TOLERANCE" in out
+    assert "Traceback" not in out
+    benchmarks = json.loads(report.read_text())["benchmarks"]
+    assert [b["extra_info"]["arm"] for b in benchmarks] == ["ngram"]
