@@ -473,3 +473,70 @@ def test_draft_on_the_cpu_engine_writes_code(tmp_path: Path, draft_built: Path) 
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     text = json.loads(lines[-1][len("RESULT ") :])
     assert "def is_prime(n):" in text, text
+
+
+# --------------------------------------------------------------------------------------------
+# the planned ledgers that use them
+
+
+def _embedded_refs(data: dict[str, Any]) -> list[str]:
+    refs = [data["target"]["model"]]
+    refs += [a["speculative_config"].get("model", "") for a in data["arms"] if a.get("speculative_config")]
+    return [r for r in refs if r.startswith(models.EMBEDDED_PREFIX)]
+
+
+def test_every_embedded_reference_in_a_ledger_is_known() -> None:
+    from specledger.schema import iter_ledger_paths, load_ledger
+
+    for path in iter_ledger_paths([REPO / "ledgers"]):
+        ledger = load_ledger(path)
+        for ref in _embedded_refs(ledger.data):
+            assert ref[len(models.EMBEDDED_PREFIX) :] in EMBEDDED_MODELS, f"{path.name}: {ref}"
+        model = ledger.data["target"]["model"]
+        if model.startswith(models.EMBEDDED_PREFIX) and "source" in ledger.data["target"]:
+            assert ledger.data["target"]["source"] == EMBEDDED_MODELS[model.split(":", 1)[1]].source, path.name
+
+
+def test_qwen_ledgers_are_planned_gpu_ledgers() -> None:
+    from specledger.schema import load_ledger
+
+    grid_t0 = [(w, 0.0, c) for w in ("copy", "free-form") for c in (1, 2, 4, 8, 16, 64)]
+    grid_t1 = [(w, 1.0, c) for w in ("copy", "free-form") for c in (1, 8)]
+    expected = {
+        "h200-qwen2.5-coder-1.5b": (["baseline", "matched-baseline", "ngram", "draft-0.5b"], 1),
+        "h200-qwen2.5-coder-1.5b-fp8": (["baseline", "ngram"], 1),
+        "h200-qwen2.5-coder-1.5b-fp8kv": (["baseline", "ngram"], 1),
+        "h200x2-qwen2.5-coder-1.5b-tp2": (["baseline", "ngram"], 2),
+    }
+    for name, (arms, gpus) in expected.items():
+        ledger = load_ledger(REPO / "ledgers" / f"{name}.json")
+        assert ledger.status == "planned" and ledger.points == [] and ledger.is_gpu(), name
+        assert [a["name"] for a in ledger.arms] == arms, name
+        assert ledger.data["provenance"]["accelerator"]["count"] == gpus
+        assert ledger.data["engine_args"].get("tensor_parallel_size", 1) == gpus
+        assert ledger.data["target"]["model"] == "embedded:qwen2.5-coder-1.5b"
+        assert ledger.data["sweep"]["repeats"] >= 3
+        ngram = next(a for a in ledger.arms if a["name"] == "ngram")["speculative_config"]
+        assert (ngram["num_speculative_tokens"], ngram["prompt_lookup_min"], ngram["prompt_lookup_max"]) == (4, 2, 4)
+        grid = sorted(ledger.grid())
+        if gpus == 1:
+            assert ledger.data["session_context_tokens"] == [8192, 32768]
+            assert grid == sorted(grid_t0 + grid_t1), name
+        else:
+            assert grid == sorted((w, 0.0, c) for w in ("copy", "free-form") for c in (1, 4, 16, 64))
+    fp8 = load_ledger(REPO / "ledgers" / "h200-qwen2.5-coder-1.5b-fp8.json").data["target"]
+    fp8kv = load_ledger(REPO / "ledgers" / "h200-qwen2.5-coder-1.5b-fp8kv.json").data["target"]
+    assert (fp8["quantization"], fp8["kv_cache_dtype"]) == ("fp8", "auto")
+    assert (fp8kv["quantization"], fp8kv["kv_cache_dtype"]) == (None, "fp8")
+
+
+def test_draft_arm_resolves_to_the_embedded_draft(draft_built: Path, tmp_path: Path) -> None:
+    """engines.arm_specs hands vLLM the built 0.5B folder for `model: embedded:qwen2.5-coder-0.5b`."""
+    from specledger import engines
+    from specledger.schema import load_ledger
+
+    ledger = load_ledger(REPO / "ledgers" / "h200-qwen2.5-coder-1.5b.json")
+    specs = {s.name: s for s in engines.arm_specs(ledger.data, str(tmp_path))}
+    assert specs["draft-0.5b"].engine_args["speculative_config"]["model"] == str(draft_built)
+    assert specs["matched-baseline"].env == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    assert specs["baseline"].engine_args["dtype"] == "bfloat16"
