@@ -539,17 +539,18 @@ def _assemble(spec: EmbeddedModel, cache: Path) -> Path:
     target = _assembled_path(spec, cache)
     if target.is_file() and (spec.gguf_size is None or target.stat().st_size == spec.gguf_size):
         return target
-    sources = _find_parts(spec, cache)
-    known = [s.size for s in sources if s.size is not None]
-    if spec.gguf_size is not None and len(known) == len(sources) and sum(known) != spec.gguf_size:
-        raise EmbeddedModelError(
-            f"{spec.name}: the {len(sources)} parts add up to {sum(known)} bytes, expected {spec.gguf_size} "
-            f"for {spec.gguf_name}; a part is wrong or from another release. Part sizes: {_size_report(sources)}"
-        )
     target.parent.mkdir(parents=True, exist_ok=True)
+    # Under the lock from the start: concurrent builders should not download the same wheels twice.
     with _locked(target.with_name(target.name + ".lock"), f"assembling {target.name}"):
         if target.is_file() and (spec.gguf_size is None or target.stat().st_size == spec.gguf_size):
             return target
+        sources = _find_parts(spec, cache)
+        known = [s.size for s in sources if s.size is not None]
+        if spec.gguf_size is not None and len(known) == len(sources) and sum(known) != spec.gguf_size:
+            raise EmbeddedModelError(
+                f"{spec.name}: the {len(sources)} parts add up to {sum(known)} bytes, expected {spec.gguf_size} "
+                f"for {spec.gguf_name}; a part is wrong or from another release. Part sizes: {_size_report(sources)}"
+            )
         t0 = time.monotonic()
         _progress(f"assembling {spec.gguf_name} from {len(sources)} parts ...")
         fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
