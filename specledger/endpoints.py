@@ -258,18 +258,20 @@ def open_arms(ledger_data: Mapping[str, Any], model_path: str, urls: Mapping[str
     if unknown:
         raise EndpointError(f"endpoint(s) for arm(s) {', '.join(unknown)} that ledger {ledger_data['id']} "
                             f"does not have (its arms: {', '.join(arms)})")
+    names = expected_models(ledger_data, model_path)
+    out: dict[str, HTTPArm] = {}
+    for name, arm in arms.items():  # every endpoint is checked before anything is loaded or measured
+        speculative = bool(arm.get("speculative_config"))
+        out[name] = HTTPArm(name, urls[name], tokenizer=None, role=arm["role"],
+                            server=(servers_by_arm or {}).get(name)).check(names, speculative=speculative)
     tokenizer_ref = (ledger_data.get("engine_args") or {}).get("tokenizer")
     if tokenizer_ref:
         from specledger.models import resolve_model
 
         tokenizer_ref = resolve_model(tokenizer_ref)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_ref or model_path)
-    names = expected_models(ledger_data, model_path)
-    out: dict[str, HTTPArm] = {}
-    for name, arm in arms.items():
-        speculative = bool(arm.get("speculative_config"))
-        out[name] = HTTPArm(name, urls[name], tokenizer=tokenizer, role=arm["role"],
-                            server=(servers_by_arm or {}).get(name)).check(names, speculative=speculative)
+    for arm_ in out.values():
+        arm_.tokenizer = tokenizer
     return out
 
 

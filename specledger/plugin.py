@@ -6,6 +6,10 @@ session-scoped ``specledger`` fixture to measure its point (engines of a ledger 
 started once and reused; one point is measured once for all of its arms) and then
 either verifies it against the committed figures or, with ``--ledger-record``,
 writes it into the ledger. Recording never happens without that flag.
+
+HTTP mode (``--ledger-http``, or ``--ledger-endpoint ARM=URL`` for live servers) measures the same
+points through OpenAI-compatible servers instead of in-process engines (see specledger.endpoints);
+it verifies only. ``--ledger-points`` selects points in either mode.
 """
 
 from __future__ import annotations
