@@ -301,7 +301,7 @@ def test_endpoint_errors_name_what_failed(cpu_servers, tmp_path, capsys):
     with pytest.raises(EndpointError, match=r"serves '/.*smollm2.*', but the ledger's model is 'Qwen/Qwen3-0.6B'"):
         endpoints.open_arms(other, "Qwen/Qwen3-0.6B", {"baseline": base, "ngram": ngram})
     other_path = tmp_path / "other.json"
-    write_ledger(other_path, other)
+    write_ledger(other_path, other, overwrite=False)
     assert main(["watch", "--metrics-url", ngram, "--ledger", str(other_path), "--workload", "copy"]) == 3
     err = capsys.readouterr().err
     assert "runs model '/" in err and "but the ledger's model is 'Qwen/Qwen3-0.6B'" in err
