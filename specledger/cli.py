@@ -453,6 +453,74 @@ def cmd_import_bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+EXIT_DRIFT, EXIT_CANNOT_WATCH = 1, 3
+
+
+def _watch_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metrics-url", required=True, metavar="URL",
+                        help="the speculative server's /metrics (or its root, http://host:port)")
+    parser.add_argument("--ledger", required=True, metavar="PATH", help="the ledger the endpoint was verified with")
+    parser.add_argument("--arm", help="the ledger arm the server runs (default: the ledger's only drafting arm)")
+    parser.add_argument("--workload", help="the workload the endpoint was validated on (default: the only one)")
+    parser.add_argument("--temperature", type=float, help="only ledger points at this temperature")
+    parser.add_argument("--window-s", type=float, default=60.0, help="sliding window (default 60 s)")
+    parser.add_argument("--interval-s", type=float, default=5.0, help="seconds between reads (default 5)")
+    parser.add_argument("--min-drafts", type=int, default=50,
+                        help="judge a window only once it holds this many drafts (default 50)")
+    parser.add_argument("--duration-s", type=float, help="stop after this long (default: until drift)")
+    parser.add_argument("--length-tolerance", type=float,
+                        help="acceptance-length tolerance (default: the ledger's acceptance_length_abs)")
+    parser.add_argument("--rate-tolerance", type=float,
+                        help="acceptance-rate tolerance (default: the length tolerance / k)")
+    parser.add_argument("--model", action="append", default=[], metavar="NAME",
+                        help="a served model name that counts as the ledger's model (e.g. --served-model-name)")
+
+
+@command("watch", "watch a live server's acceptance over a sliding window; exit 1 when it drifts from the ledger "
+         "(3: cannot watch: unreachable, no spec metrics, another model)", _watch_arguments)
+def cmd_watch(args: argparse.Namespace) -> int:
+    from specledger import watch
+    from specledger.server_metrics import EndpointError
+
+    if args.window_s <= 0 or args.interval_s <= 0 or args.min_drafts < 1:
+        raise _UsageError("--window-s and --interval-s must be > 0, --min-drafts >= 1")
+    path, ledger = _load_one(args.ledger)
+    try:
+        expected = watch.expected_acceptance(ledger, arm=args.arm, workload=args.workload,
+                                             temperature=args.temperature, length_tolerance=args.length_tolerance,
+                                             rate_tolerance=args.rate_tolerance)
+    except ValueError as e:
+        raise _UsageError(str(e)) from None
+    models = [ledger.data["target"]["model"], *args.model, ledger.data["target"].get("name") or ""]
+    try:
+        from specledger.models import resolve_model
+
+        models.insert(1, resolve_model(ledger.data["target"]["model"]))
+    except Exception:  # noqa: BLE001 - a watch host need not be able to build the model; names still match
+        pass
+
+    def progress(line: str) -> None:
+        print(line, flush=True)
+
+    try:
+        verdict = watch.watch(args.metrics_url, expected, models, window_s=args.window_s,
+                              interval_s=args.interval_s, min_drafts=args.min_drafts, duration_s=args.duration_s,
+                              progress=progress)
+    except EndpointError as e:
+        print(f"specledger watch: cannot watch: {e}", file=sys.stderr)
+        return EXIT_CANNOT_WATCH
+    except watch.Drift as e:
+        print(f"specledger watch: DRIFT: {e}", file=sys.stderr)
+        return EXIT_DRIFT
+    except KeyboardInterrupt:
+        return EXIT_OK
+    if verdict is None:
+        print(f"specledger watch: {path}: no window held {args.min_drafts} drafts; nothing judged")
+    else:
+        print(f"specledger watch: within tolerance: {verdict.message}")
+    return EXIT_OK
+
+
 # --------------------------------------------------------------------------------------------
 # dispatch
 # --------------------------------------------------------------------------------------------

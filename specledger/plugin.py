@@ -6,6 +6,10 @@ session-scoped ``specledger`` fixture to measure its point (engines of a ledger 
 started once and reused; one point is measured once for all of its arms) and then
 either verifies it against the committed figures or, with ``--ledger-record``,
 writes it into the ledger. Recording never happens without that flag.
+
+HTTP mode (``--ledger-http``, or ``--ledger-endpoint ARM=URL`` for live servers) measures the same
+points through OpenAI-compatible servers instead of in-process engines (see specledger.endpoints);
+it verifies only. ``--ledger-points`` selects points in either mode.
 """
 
 from __future__ import annotations
@@ -56,11 +60,72 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="with --ledger-record: skip points that already have figures (resume an interrupted run)")
     group.addoption("--ledger-out", default=None, metavar="DIR",
                     help="with --ledger-record: write recorded ledgers into DIR instead of in place")
+    group.addoption("--ledger-points", default=None, metavar="W:T:C,...",
+                    help="only these points, e.g. 'copy:0:1,free-form:0:2' (workload:temperature:concurrency; "
+                         "'*' matches anything)")
+    group.addoption("--ledger-http", action="store_true", default=False,
+                    help="verify over HTTP: start one OpenAI-compatible vLLM server per arm, with flags derived "
+                         "from the ledger arm, and measure through streaming completions and /metrics")
+    group.addoption("--ledger-endpoint", action="append", default=[], metavar="ARM=URL",
+                    help="verify over HTTP against a live server for ARM (repeat for every arm of the one "
+                         "--ledger given); the servers are left running")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (select with -m gpu)")
     config.addinivalue_line("markers", "engine: starts a real vLLM engine on any device")
+    endpoints = config.getoption("--ledger-endpoint", default=[])
+    http = config.getoption("--ledger-http", default=False) or bool(endpoints)
+    if http and config.getoption("--ledger-record", default=False):
+        raise pytest.UsageError("--ledger-http/--ledger-endpoint verify only: ledgers are recorded in-process "
+                                "(over HTTP tokens/s include the client and server overhead)")
+    if endpoints:
+        parse_endpoints(endpoints)
+        if len(config.getoption("--ledger", default=[])) != 1:
+            raise pytest.UsageError("--ledger-endpoint needs exactly one --ledger (the arms' ledger)")
+    parse_point_selection(config.getoption("--ledger-points", default=None))
+
+
+def parse_endpoints(values: list[str]) -> dict[str, str]:
+    """['baseline=http://h:8000', ...] -> {'baseline': 'http://h:8000'}; UsageError on a bad entry."""
+    out: dict[str, str] = {}
+    for value in values:
+        arm, sep, url = value.partition("=")
+        if not sep or not arm or not url.startswith(("http://", "https://")):
+            raise pytest.UsageError(f"--ledger-endpoint {value!r}: expected ARM=http://host:port")
+        if arm in out:
+            raise pytest.UsageError(f"--ledger-endpoint: arm {arm!r} given twice")
+        out[arm] = url.rstrip("/")
+    return out
+
+
+PointSelector = tuple[str, float | None, int | None]
+
+
+def parse_point_selection(text: str | None) -> list[PointSelector] | None:
+    """'copy:0:1,free-form:*:2' -> selectors; None selects every point."""
+    if not text:
+        return None
+    selectors: list[PointSelector] = []
+    for item in text.split(","):
+        parts = item.strip().split(":")
+        if len(parts) != 3 or not parts[0]:
+            raise pytest.UsageError(f"--ledger-points {item!r}: expected workload:temperature:concurrency")
+        try:
+            temp = None if parts[1] == "*" else float(parts[1])
+            conc = None if parts[2] == "*" else int(parts[2])
+        except ValueError:
+            raise pytest.UsageError(f"--ledger-points {item!r}: temperature and concurrency are numbers or *"
+                                    ) from None
+        selectors.append((parts[0], temp, conc))
+    return selectors
+
+
+def point_selected(key: tuple[str, float, int], selectors: list[PointSelector] | None) -> bool:
+    if selectors is None:
+        return True
+    return any(w in ("*", key[0]) and (t is None or t == key[1]) and (c is None or c == key[2])
+               for w, t, c in selectors)
 
 
 def _ledger_paths(config: pytest.Config) -> list[Path]:
@@ -71,14 +136,14 @@ def _ledger_paths(config: pytest.Config) -> list[Path]:
     return iter_ledger_paths([Path(directory)]) if Path(directory).is_dir() else []
 
 
-def _points(ledger: Ledger) -> Iterator[LedgerPoint]:
+def _points(ledger: Ledger, selectors: list[PointSelector] | None = None) -> Iterator[LedgerPoint]:
     keys: list[tuple[str, float, int]] = []
     for point in ledger.points:
         if point.get("temperature") is not None and point.get("concurrency") is not None:
             keys.append((point["workload"], float(point["temperature"]), int(point["concurrency"])))
     if ledger.data.get("sweep"):
         keys += [(w, float(t), int(c)) for (w, t, c) in ledger.grid()]
-    for key in sorted(set(keys)):
+    for key in sorted(k for k in set(keys) if point_selected(k, selectors)):
         for arm in ledger.speculative_arms():
             yield LedgerPoint(ledger, arm["name"], *key)
 
@@ -87,6 +152,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "ledger_point" not in metafunc.fixturenames:
         return
     params = []
+    selectors = parse_point_selection(metafunc.config.getoption("--ledger-points"))
     for path in _ledger_paths(metafunc.config):
         try:
             ledger = load_ledger(path)
@@ -95,7 +161,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         if ledger.status == "reference":
             continue  # published elsewhere: nothing here can reproduce it
         mark = pytest.mark.gpu if ledger.is_gpu() else pytest.mark.engine
-        params += [pytest.param(p, id=p.test_id, marks=mark) for p in _points(ledger)]
+        params += [pytest.param(p, id=p.test_id, marks=mark) for p in _points(ledger, selectors)]
     metafunc.parametrize("ledger_point", params)
 
 
@@ -118,10 +184,16 @@ def specledger(request: pytest.FixtureRequest) -> Iterator[Any]:
             reporter.write_line(line)
 
     out = config.getoption("--ledger-out")
+    http = None
+    urls = parse_endpoints(config.getoption("--ledger-endpoint"))
+    if urls or config.getoption("--ledger-http"):
+        from specledger.endpoints import HTTPMode
+
+        http = HTTPMode(urls or None)
     session = SuiteSession(root=Path(str(config.rootpath)), record=bool(config.getoption("--ledger-record")),
                            out_dir=Path(out) if out else None, progress=progress,
                            command=" ".join(["pytest", *config.invocation_params.args]),
-                           only_missing=bool(config.getoption("--ledger-only-missing")))
+                           only_missing=bool(config.getoption("--ledger-only-missing")), http=http)
     config.stash[_SESSION_KEY] = session
     try:
         yield session

@@ -12,18 +12,26 @@ import copy
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specledger import engines, measure
 from specledger.report import config_differences
 from specledger.schema import Ledger, write_ledger
+
+if TYPE_CHECKING:
+    from specledger.endpoints import HTTPMode
 
 Progress = Callable[[str], None]
 
 
 class SuiteSession:
     def __init__(self, *, root: Path, record: bool, out_dir: Path | None = None,
-                 progress: Progress = print, command: str | None = None, only_missing: bool = False) -> None:
+                 progress: Progress = print, command: str | None = None, only_missing: bool = False,
+                 http: HTTPMode | None = None) -> None:
+        if http is not None and record:
+            raise ValueError("HTTP mode verifies only: a ledger's figures are recorded with in-process engines "
+                             "(over HTTP the tokens/s include the client and server overhead)")
+        self.http = http
         self.root = root
         self.record = record
         self.only_missing = only_missing
@@ -31,7 +39,7 @@ class SuiteSession:
         self.progress = progress
         self.command = command
         self.results: list[tuple[str, Any]] = []
-        self._arms: dict[str, dict[str, engines.ArmEngine]] = {}
+        self._arms: dict[str, dict[str, Any]] = {}
         self._infos: dict[str, dict[str, Any]] = {}
         self._cache: dict[tuple[str, tuple[str, float, int]], measure.PointMeasurement] = {}
         self._recorded: dict[str, Ledger] = {}
@@ -40,7 +48,8 @@ class SuiteSession:
         self._failed_arms: dict[str, dict[str, BaseException]] = {}
 
     # -- engines -----------------------------------------------------------------------------------------
-    def arms_for(self, ledger: Ledger) -> dict[str, engines.ArmEngine]:
+    def arms_for(self, ledger: Ledger) -> dict[str, Any]:
+        """The ledger's arms (in-process engines, or HTTP endpoints in HTTP mode), started and warmed once."""
         if ledger.id in self._failed_start:
             raise RuntimeError(f"{ledger.id}: engines failed to start earlier in this session") \
                 from self._failed_start[ledger.id]
@@ -48,16 +57,19 @@ class SuiteSession:
             from specledger.models import resolve_model
 
             model = resolve_model(ledger.data["target"]["model"])
-            specs = engines.arm_specs(ledger.data, model)
             t0 = time.monotonic()
             failures: dict[str, BaseException] = {}
             try:
-                started = engines.start_arms(specs, progress=self.progress, failures=failures)
+                if self.http is not None:
+                    arms = self.http.open(ledger, model, self.progress)
+                else:
+                    specs = engines.arm_specs(ledger.data, model)
+                    started = engines.start_arms(specs, progress=self.progress, failures=failures)
+                    arms = {arm.spec.name: arm for arm in started}
             except BaseException as exc:
                 self._failed_start[ledger.id] = exc
                 raise
             self._failed_arms[ledger.id] = failures
-            arms = {arm.spec.name: arm for arm in started}
             self._arms[ledger.id] = arms
             self._infos[ledger.id] = {name: arm.info for name, arm in arms.items()}
             self.progress(f"{ledger.id}: {len(arms)} arms up in {time.monotonic() - t0:.0f} s")
@@ -147,9 +159,14 @@ class SuiteSession:
         if self._recorded:
             for lid, ledger in self._recorded.items():
                 lines.append(f"specledger recorded {lid} -> {self._target_path(ledger)}")
+        mode = "over HTTP" if self.http is not None else "in-process"
+        for (lid, key), m in sorted(self._cache.items()):
+            medians = ", ".join(f"{name} {res['output_tokens_per_s']['median']:.1f}"
+                                for name, res in m.point["arms"].items())
+            lines.append(f"specledger {lid} {key[0]} T={key[1]:g} c={key[2]} ({mode}): median tok/s {medians}")
         failed = [tid for tid, r in self.results if not r.ok]
         if self.results:
-            lines.append(f"specledger verified {len(self.results)} points, {len(failed)} outside tolerance; "
+            lines.append(f"specledger verified {len(self.results)} points {mode}, {len(failed)} outside tolerance; "
                          f"session wall {time.monotonic() - self._started:.0f} s (engine starts included)")
         return lines
 

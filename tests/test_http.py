@@ -1,0 +1,313 @@
+"""HTTP mode: ledger arms as live OpenAI-compatible servers, and the acceptance-drift watch.
+
+The engine tests start two real CPU servers from the CPU ledger's arms (baseline and ngram, flags
+derived from the ledger) once per session, and reuse them for: an HTTP-mode verification of a
+subset of the ledger's points (through the pytest plugin, `--ledger-endpoint` and
+`--ledger-points`, as a user would run it), the watch catching a copy -> free-form traffic change,
+and the error paths (unreachable, no spec metrics, another model). Unit tests run the pure parts
+on captured /metrics text.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specledger import counters, endpoints, load, measure, plugin, server_metrics, servers, watch
+from specledger.cli import main
+from specledger.schema import load_ledger, write_ledger
+from specledger.server_metrics import EndpointError
+
+ROOT = Path(__file__).resolve().parents[1]
+LEDGER = ROOT / "ledgers" / "cpu-smollm2.json"
+METRICS = Path(__file__).parent / "data" / "metrics" / "ngram-after-copy.txt"
+#: The points the CI verifies over HTTP: one per workload, at the higher concurrency (the cheaper
+#: points, and the ones where the client's concurrency matters). The full grid runs in-process.
+HTTP_POINTS = os.environ.get("SPECLEDGER_HTTP_POINTS", "copy:0:2,free-form:0:2")
+
+
+# --------------------------------------------------------------------------------------------
+# pure parts
+# --------------------------------------------------------------------------------------------
+
+
+def test_captured_metrics_parse_into_engine_counters():
+    m = server_metrics.parse_spec_metrics(METRICS.read_text())
+    assert m.has_spec and m.missing == ()
+    assert m.counters == {"drafts": 95, "draft_tokens": 377, "accepted_tokens": 199,
+                          "accepted_per_position": [62, 52, 45, 40]}
+    assert m.model_names == ("/root/.cache/specledger/models/smollm2-135m-instruct-5304ba1de40f",)
+    assert m.cache_config["num_gpu_blocks"] == "182" and m.cache_config["block_size"] == "128"
+
+
+def test_counters_sum_over_engines_and_missing_families_are_named():
+    text = METRICS.read_text()
+    lines = []
+    for line in text.splitlines():  # a second engine core's series, right after the first's
+        lines.append(line)
+        if line.startswith("vllm:spec_decode"):
+            lines.append(line.replace('engine="0"', 'engine="1"'))
+    two = "\n".join(lines) + "\n"
+    assert server_metrics.parse_spec_metrics(two).counters["drafts"] == 190
+    no_spec = "\n".join(line for line in text.splitlines() if "spec_decode" not in line) + "\n"
+    m = server_metrics.parse_spec_metrics(no_spec)
+    assert not m.has_spec
+    assert m.missing == ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+                         "vllm:spec_decode_num_accepted_tokens_total",
+                         "vllm:spec_decode_num_accepted_tokens_per_pos_total")
+    with pytest.raises(EndpointError, match="no speculative-decoding metrics .missing vllm:spec_decode_num_drafts"):
+        server_metrics.require_spec(m, "http://h:1")
+
+
+def test_server_flags_come_from_the_ledger_arm():
+    from specledger.engines import arm_specs
+
+    specs = {s.name: s for s in arm_specs(load_ledger(LEDGER).data, "/m")}
+    args = dict(specs["ngram"].engine_args)
+    spec = args.pop("speculative_config")
+    assert spec == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    flags = endpoints.server_args(args)
+    assert flags == ["--dtype", "float32", "--kv-cache-dtype", "auto", "--max-model-len", "2048",
+                     "--max-num-seqs", "8", "--seed", "0", "--enforce-eager", "--generation-config", "vllm"]
+    assert endpoints.server_args({"async_scheduling": False, "x": None}) == [
+        "--no-async-scheduling", "--generation-config", "vllm"]
+
+
+def test_point_selection():
+    sel = plugin.parse_point_selection("copy:0:2, free-form:*:1")
+    assert plugin.point_selected(("copy", 0.0, 2), sel)
+    assert not plugin.point_selected(("copy", 0.0, 1), sel)
+    assert plugin.point_selected(("free-form", 0.7, 1), sel)
+    assert plugin.point_selected(("x", 1.0, 9), None)
+    for bad in ("copy", "copy:x:1", ":0:1"):
+        with pytest.raises(pytest.UsageError, match="--ledger-points"):
+            plugin.parse_point_selection(bad)
+    with pytest.raises(pytest.UsageError, match="ARM=http"):
+        plugin.parse_endpoints(["baseline"])
+
+
+def test_ledger_expectation_and_window_verdicts():
+    ledger = load_ledger(LEDGER)
+    with pytest.raises(ValueError, match="--workload .copy, free-form"):
+        watch.expected_acceptance(ledger)
+    exp = watch.expected_acceptance(ledger, workload="copy")
+    assert (exp.arm, exp.acceptance_length, exp.acceptance_rate) == ("ngram", 3.749, 0.6894)
+    assert (exp.length_tolerance, exp.rate_tolerance) == (0.1, 0.025)
+    window = watch.SlidingWindow(10.0)
+    snap = server_metrics.parse_spec_metrics(METRICS.read_text()).counters
+    window.add(0.0, {})
+    window.add(5.0, snap)
+    delta, covered = window.delta()
+    verdict = watch.judge(delta, exp, covered)
+    assert verdict is not None and not verdict.ok  # 3.095 vs 3.749 +- 0.1
+    assert "acceptance length 3.095 (ledger 3.749 ± 0.1, -0.654)" in verdict.message
+    window.add(20.0, snap)  # nothing new for 15 s: the window holds no drafts
+    assert window.delta()[0]["drafts"] == 0
+    window.add(21.0, {})  # counters went down: a restarted server starts a fresh window
+    assert len(window.snapshots) == 1
+
+
+def test_unreachable_server_is_named(tmp_path, capsys):
+    url = f"http://127.0.0.1:{servers.free_port()}"
+    with pytest.raises(EndpointError, match=f"{url}/metrics: server unreachable"):
+        server_metrics.read_spec_metrics(url)
+    assert main(["watch", "--metrics-url", url, "--ledger", str(LEDGER), "--workload", "copy"]) == 3
+    assert f"cannot watch: {url}/metrics: server unreachable" in capsys.readouterr().err
+
+
+def test_http_mode_never_records(tmp_path):
+    from specledger.session import SuiteSession
+
+    with pytest.raises(ValueError, match="HTTP mode verifies only"):
+        SuiteSession(root=ROOT, record=True, http=endpoints.HTTPMode({"a": "http://x"}))
+    done = subprocess.run([sys.executable, "-m", "pytest", "tests/test_ledgers.py", "--ledger", str(LEDGER),
+                           "--ledger-http", "--ledger-record", "-p", "no:cacheprovider"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 4 and "verify only" in done.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# real servers
+# --------------------------------------------------------------------------------------------
+
+
+def _say(config: pytest.Config, line: str) -> None:
+    """Progress past pytest's capture (the servers take a minute each to start)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    text = f"[http {time.strftime('%H:%M:%S')}] {line}"
+    if reporter is None or capture is None:
+        print(text, file=sys.stderr, flush=True)
+        return
+    with capture.global_and_fixture_disabled():
+        reporter.write_line(text)
+
+
+def _group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.fixture(scope="session")
+def cpu_servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+                ) -> Iterator[dict[str, str]]:
+    """The CPU ledger's arms as two live servers, for the whole session; none left behind after it."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed")
+    from specledger.models import resolve_model
+
+    model = resolve_model(load_ledger(LEDGER).data["target"]["model"])
+    logs = tmp_path_factory.mktemp("servers")
+    t0 = time.monotonic()
+    started = endpoints.start_servers(load_ledger(LEDGER).data, model, log_dir=logs,
+                                      progress=lambda line: _say(request.config, line))
+    _say(request.config, f"servers up in {time.monotonic() - t0:.0f} s (logs in {logs})")
+    try:
+        yield {name: server.base_url for name, server in started.items()}
+    finally:
+        for server in started.values():
+            server.stop()
+        left = [name for name, server in started.items() if not _group_gone(server.process.pid)]
+        assert not left, f"server process groups left running: {left}"
+
+
+def _ledger_bytes() -> bytes:
+    return LEDGER.read_bytes()
+
+
+@pytest.mark.engine
+def test_http_verification_of_the_cpu_ledger(cpu_servers, request):
+    """The plugin's HTTP mode against live servers: the committed points hold over the API too."""
+    before = _ledger_bytes()
+    command = [sys.executable, "-m", "pytest", "tests/test_ledgers.py", "-m", "engine", "-p", "no:cacheprovider",
+               "--ledger", str(LEDGER), "--ledger-points", HTTP_POINTS,
+               *(f"--ledger-endpoint={arm}={url}" for arm, url in cpu_servers.items())]
+    _say(request.config, "$ " + " ".join(command))
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line.rstrip())
+        if line.startswith(("[specledger", "specledger ")) or "PASSED" in line or "FAILED" in line:
+            _say(request.config, line.rstrip())
+    rc = proc.wait(timeout=60)
+    output = "\n".join(lines)
+    assert rc == 0, output[-6000:]
+    assert "specledger verified 2 points over HTTP, 0 outside tolerance" in output, output[-3000:]
+    assert _ledger_bytes() == before, "HTTP mode changed the ledger file"
+
+
+def _ngram_arm(url: str) -> endpoints.HTTPArm:
+    from specledger.models import resolve_model
+
+    data = copy.deepcopy(load_ledger(LEDGER).data)
+    data["arms"] = [a for a in data["arms"] if a["name"] == "ngram"]
+    return endpoints.open_arms(data, resolve_model(data["target"]["model"]), {"ngram": url})["ngram"]
+
+
+def _acceptance_line(counts: dict[str, Any]) -> str:
+    acc = counters.acceptance(counts)
+    if acc is None:
+        return "no drafts"
+    return (f"{acc['drafts']} drafts, acceptance length {acc['acceptance_length']:.3f}, "
+            f"rate {acc['acceptance_rate']:.4f}")
+
+
+def _copy_point_traffic(ledger: Any) -> list[str]:
+    """The copy prompts the ledger's copy point measured (warm-up, then the repeats), in that order."""
+    prompts = measure.prompts_for(ledger, "copy", ROOT)
+    sweep = ledger.data["sweep"]
+    n = load.requests_for(2, sweep["requests_per_repeat"]["multiple"], sweep["requests_per_repeat"]["minimum"])
+    out = [prompts[(len(prompts) // 2 + i) % len(prompts)] for i in range(sweep["warmup_requests"])]
+    return out + [prompts[i % len(prompts)] for i in range(n * sweep["repeats"])]
+
+
+@pytest.mark.engine
+def test_watch_catches_the_drafter_going_quiet(cpu_servers, request, tmp_path):
+    """Copy traffic: within tolerance. Then free-form traffic: the watch exits 1 with DRIFT."""
+    ledger = load_ledger(LEDGER)
+    arm = _ngram_arm(cpu_servers["ngram"])
+    # A watch tolerance is wider than a verification's: live traffic is never the fixture's exact prompts.
+    command = [sys.executable, "-m", "specledger.cli", "watch", "--metrics-url", cpu_servers["ngram"] + "/metrics",
+               "--ledger", str(LEDGER), "--workload", "copy", "--window-s", "90", "--interval-s", "1",
+               "--min-drafts", "150", "--length-tolerance", "0.5"]
+    out_path, err_path = tmp_path / "watch.out", tmp_path / "watch.err"
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=err, text=True)
+    try:
+        time.sleep(3)
+        assert proc.poll() is None, err_path.read_text()
+        copy_sampling = measure.sampling_for(ledger, "copy", 0.0)
+        res = arm.run(prompts=_copy_point_traffic(ledger), concurrency=2, sampling=copy_sampling)
+        time.sleep(2.5)
+        watched = out_path.read_text()
+        _say(request.config, f"copy traffic: {_acceptance_line(res['counters'])}; watch: "
+             + (watched.strip().splitlines() or ["(nothing)"])[-1])
+        assert proc.poll() is None, f"the watch stopped on copy traffic:\n{watched}\n{err_path.read_text()}"
+        assert "ok: acceptance length" in watched, watched
+        free = measure.prompts_for(ledger, "free-form", ROOT)
+        free_sampling = measure.sampling_for(ledger, "free-form", 0.0)
+        free_counts: dict[str, Any] = {}
+        for batch in range(8):
+            if proc.poll() is not None:
+                break
+            res = arm.run(prompts=[free[(batch * 6 + i) % len(free)] for i in range(6)], concurrency=2,
+                          sampling=free_sampling)
+            free_counts = counters.add(free_counts, res["counters"])
+            time.sleep(2.5)
+        rc = proc.wait(timeout=30)
+        _say(request.config, f"free-form traffic: {_acceptance_line(free_counts)}")
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(10)
+    watched, errors = out_path.read_text(), err_path.read_text()
+    last_ok = [line for line in watched.splitlines() if " ok: " in line][-1]
+    _say(request.config, f"last ok window: {last_ok}")
+    _say(request.config, f"watch exit {rc}: {errors.strip()}")
+    assert rc == 1, watched + errors
+    assert "DRIFT: acceptance drifted past the ledger's tolerance" in errors
+    assert "arm ngram, workload copy" in errors
+
+
+@pytest.mark.engine
+def test_endpoint_errors_name_what_failed(cpu_servers, tmp_path, capsys):
+    from specledger.models import resolve_model
+
+    ledger = load_ledger(LEDGER)
+    model = resolve_model(ledger.data["target"]["model"])
+    base, ngram = cpu_servers["baseline"], cpu_servers["ngram"]
+    # the baseline server as the ngram arm: no spec metrics
+    with pytest.raises(EndpointError, match=f"{base}/metrics: no speculative-decoding metrics .missing "
+                                            "vllm:spec_decode_num_drafts_total"):
+        endpoints.open_arms(ledger.data, model, {"baseline": base, "ngram": base})
+    assert main(["watch", "--metrics-url", base, "--ledger", str(LEDGER), "--workload", "copy"]) == 3
+    assert "missing vllm:spec_decode_num_drafts_total" in capsys.readouterr().err
+    # another model: both names in the message
+    other = copy.deepcopy(ledger.data)
+    other["target"].update(model="Qwen/Qwen3-0.6B", name="qwen3")
+    with pytest.raises(EndpointError, match=r"serves '/.*smollm2.*', but the ledger's model is 'Qwen/Qwen3-0.6B'"):
+        endpoints.open_arms(other, "Qwen/Qwen3-0.6B", {"baseline": base, "ngram": ngram})
+    other_path = tmp_path / "other.json"
+    write_ledger(other_path, other, overwrite=False)
+    assert main(["watch", "--metrics-url", ngram, "--ledger", str(other_path), "--workload", "copy"]) == 3
+    err = capsys.readouterr().err
+    assert "runs model '/" in err and "but the ledger's model is 'Qwen/Qwen3-0.6B'" in err
+    # an arm without an endpoint, an unreachable one
+    with pytest.raises(EndpointError, match="no endpoint for arm.s. ngram"):
+        endpoints.open_arms(ledger.data, model, {"baseline": base})
+    dead = f"http://127.0.0.1:{servers.free_port()}"
+    with pytest.raises(EndpointError, match=f"{dead}/v1/models: server unreachable"):
+        endpoints.open_arms(ledger.data, model, {"baseline": dead, "ngram": ngram})
