@@ -659,12 +659,61 @@ class _Audit:
         if abs(total - 1.0) > 1e-6:
             self.add(["workload_mix", "shares"], "mix", f"shares sum to {total:.6g}, not 1")
 
+    # -- noise against tolerance -------------------------------------------------------------
+
+    def noise(self) -> None:
+        """Can this ledger's multiplier tolerance be verified at all with its own repeat noise?
+
+        Pools each arm's repeat-to-repeat coefficient of variation over the points (three
+        repeats say little alone), predicts how far a faithful re-run's multiplier strays,
+        and warns when the tolerance would fail points of an unchanged machine.
+        """
+        tol = (self.ledger.data.get("tolerances") or {}).get("multiplier_rel")
+        if self.reference or not tol:
+            return
+        cvs: dict[str, list[float]] = {}
+        counts: list[int] = []
+        for point in self.ledger.points:
+            for arm_name, result in point["arms"].items():
+                repeats = (result.get("output_tokens_per_s") or {}).get("repeats") or []
+                if len(repeats) >= 2 and statistics.fmean(repeats) > 0:
+                    cvs.setdefault(arm_name, []).append(statistics.stdev(repeats) / statistics.fmean(repeats))
+                    counts.append(len(repeats))
+        if not counts:
+            return
+        n = int(statistics.median(counts))
+
+        def pooled(arm: str) -> float | None:
+            values = cvs.get(arm)
+            return math.sqrt(statistics.fmean(v * v for v in values)) if values else None
+
+        for i, arm in enumerate(self.ledger.arms):
+            base = self.ledger.baseline_arm_for(arm["name"]) if arm["role"] in ("speculative", "policy") else None
+            cv_spec, cv_base = pooled(arm["name"]), pooled(base) if base else None
+            if cv_spec is None or cv_base is None:
+                continue
+            sd = theory.rerun_multiplier_sd(cv_spec, cv_base, n)
+            p = theory.within_tolerance_probability(sd, tol)
+            if p >= 0.9:
+                continue
+            need = theory.repeats_for_tolerance(cv_spec, cv_base, tol)
+            rotating = (self.ledger.data.get("sweep") or {}).get("repeat_prompts", "rotate") != "same"
+            caveat = (" (an upper bound: with rotating prompts the repeat spread also carries the prompt mix,"
+                      " which a re-run repeats)") if rotating else ""
+            self.add(["arms", i], "noise",
+                     f"multiplier tolerance ±{tol:.0%} is tighter than this protocol's noise: repeats vary by "
+                     f"{cv_spec:.1%} ({arm['name']}) and {cv_base:.1%} ({base}) (pooled CV), so a re-run of an "
+                     f"unchanged machine moves the multiplier by SD {sd:.1%} with {n} repeats and stays within "
+                     f"±{tol:.0%} at only {p:.0%} of points; {need} repeats (or repeats {need / n:.0f}x longer) "
+                     f"give 95%{caveat}", "info" if rotating else "warning")
+
     def run(self) -> list[Finding]:
         self.points()
         self.kv_cache()
         self.critical()
         self.claims()
         self.mix()
+        self.noise()
         return self.findings
 
 

@@ -4,7 +4,7 @@ A report sells numbers ("1.4x at one user", "0.3x at 64"). Each one gets a claim
 which ledger figure it is, so CI re-derives it from the ledger instead of trusting the prose.
 The mark is an HTML comment on the same line, invisible when GitHub renders the Markdown:
 
-    ngram reached 1.16x <!-- claim: h200-smollm2 ngram copy T=0 c=4 multiplier = 1.16 -->
+    ngram reached 1.18x <!-- claim: h200-smollm2-copy ngram copy T=0 c=1 multiplier = 1.18 -->
 
 Grammar (one comment, on one line):
 

@@ -1,7 +1,7 @@
 """The main job: measure the embedded default's multiplier curve here and set it beside the committed one.
 
 On a machine without CUDA it re-measures ``ledgers/cpu-smollm2.json`` on the CPU engine;
-with CUDA, ``ledgers/h200-smollm2.json``. The fresh ledger goes to ``--out`` (never over
+with CUDA, ``ledgers/h200-smollm2-copy.json``. The fresh ledger goes to ``--out`` (never over
 the committed one), then the table, acceptance lengths, critical concurrencies and the
 arms' effective-config differences are printed, with a verdict per point against the
 committed figures when there are any.
@@ -28,7 +28,7 @@ def default_ledger(root: Path = REPO_ROOT) -> Path:
         cuda = torch.cuda.is_available()
     except ImportError:
         cuda = False
-    return root / "ledgers" / ("h200-smollm2.json" if cuda else "cpu-smollm2.json")
+    return root / "ledgers" / ("h200-smollm2-copy.json" if cuda else "cpu-smollm2.json")
 
 
 def _progress(message: str) -> None:

@@ -319,3 +319,52 @@ def mix_multiplier(
         base_time.append(share / b)
         spec_time.append(share / (m * b))
     return math.fsum(base_time) / math.fsum(spec_time)
+
+
+# --------------------------------------------------------------------------------------------
+# measurement noise against a verification tolerance
+# --------------------------------------------------------------------------------------------
+
+#: n x variance of the median of n standard normal draws (simulated, 2e6 samples each); it
+#: tends to pi/2 for large n. Small n matter: ledgers keep 3 to 10 repeats.
+_MEDIAN_VARIANCE_TIMES_N = (1.0, 1.0, 1.344, 1.193, 1.432, 1.291, 1.474, 1.349, 1.493, 1.381,
+                            1.509, 1.412, 1.518, 1.43, 1.524)
+
+
+def _median_variance_factor(n: int) -> float:
+    return _MEDIAN_VARIANCE_TIMES_N[n - 1] if n <= len(_MEDIAN_VARIANCE_TIMES_N) else math.pi / 2
+
+
+def rerun_multiplier_sd(cv_spec: float, cv_base: float, repeats: int) -> float:
+    """Standard deviation of log(multiplier of a re-run / multiplier committed), from noise alone.
+
+    Each multiplier is a ratio of two medians of `repeats` runs whose throughput varies with
+    coefficients of variation `cv_spec` and `cv_base`; a verification compares two such
+    ratios, so four medians enter. Why: a tolerance tighter than this noise fails points of a
+    machine that has not changed at all, and a verifier must tell that from real drift.
+    """
+    n = _int("repeats", repeats, 1)
+    for name, cv in (("cv_spec", cv_spec), ("cv_base", cv_base)):
+        if _real(name, cv) < 0.0:
+            raise ValueError(f"{name} must be >= 0, got {cv!r}")
+    return math.sqrt(2.0 * _median_variance_factor(n) * (cv_spec**2 + cv_base**2) / n)
+
+
+def repeats_for_tolerance(cv_spec: float, cv_base: float, tolerance_rel: float, z: float = 2.0) -> int:
+    """Fewest repeats for which a ±tolerance_rel multiplier check spans z noise SDs (z=2: ~95% per point)."""
+    tol = _real("tolerance_rel", tolerance_rel)
+    if not 0.0 < tol:
+        raise ValueError(f"tolerance_rel must be > 0, got {tolerance_rel!r}")
+    limit = math.log1p(tol)
+    n = 1
+    while z * rerun_multiplier_sd(cv_spec, cv_base, n) > limit:
+        n += 1
+    return n
+
+
+def within_tolerance_probability(sd_log: float, tolerance_rel: float) -> float:
+    """Chance that a re-run lands within ±tolerance_rel when its log-ratio noise has SD `sd_log`."""
+    if sd_log <= 0.0:
+        return 1.0
+    half = math.log1p(tolerance_rel)
+    return math.erf(half / (sd_log * math.sqrt(2.0)))

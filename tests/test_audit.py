@@ -455,3 +455,33 @@ def test_audit_paths_collects_load_problems(tmp_path):
     assert all(f.file == str(SMALL) for f in findings)
     with pytest.raises(FileNotFoundError):
         audit_paths([tmp_path / "missing.json"])
+
+
+# -- noise against the multiplier tolerance -----------------------------------------------------
+
+
+def _with_noise(small: dict, spread: float, repeat_prompts: str = "same") -> dict:
+    """Give every arm's repeats a relative spread (median kept) and a ±15% multiplier tolerance."""
+    small["tolerances"] = {"multiplier_rel": 0.15}
+    small["sweep"]["repeat_prompts"] = repeat_prompts
+    for point in small["points"]:
+        for result in point["arms"].values():
+            tps = result["output_tokens_per_s"]
+            m = tps["median"]
+            tps.update(repeats=[m * (1 - spread), m, m * (1 + spread)], min=m * (1 - spread), max=m * (1 + spread))
+    return small
+
+
+def test_quiet_repeats_raise_no_noise_finding(small):
+    assert [f for f in audit(_with_noise(small, 0.01)) if f.code == "noise"] == []
+
+
+def test_noisy_repeats_warn_that_the_tolerance_cannot_be_verified(small):
+    noise = [f for f in audit(_with_noise(small, 0.2)) if f.code == "noise"]
+    assert [(f.severity, f.json_path) for f in noise] == [("warning", "$.arms[2]")]
+    assert "±15%" in noise[0].message and "repeats" in noise[0].message
+
+
+def test_rotating_prompts_make_the_noise_finding_an_upper_bound(small):
+    noise = [f for f in audit(_with_noise(small, 0.2, "rotate")) if f.code == "noise"]
+    assert [f.severity for f in noise] == ["info"] and "upper bound" in noise[0].message

@@ -14,7 +14,7 @@ from specledger.schema import load_ledger, parse_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_PATH = Path(__file__).parent / "data" / "measured-small.json"
-H200 = load_ledger(ROOT / "ledgers" / "h200-smollm2.json")
+H200 = load_ledger(ROOT / "tests" / "data" / "h200-smollm2.json")
 INT4 = load_ledger(ROOT / "ledgers" / "reference-b200-int4.json")
 IMAGE = re.compile(r"!\[[^\]]*\]\(([^)]+)\)")
 

@@ -23,7 +23,7 @@ from specledger.mix import (
 from specledger.schema import Ledger, load_ledger, parse_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
-H200_PATH = ROOT / "ledgers" / "h200-smollm2.json"
+H200_PATH = ROOT / "tests" / "data" / "h200-smollm2.json"
 H200 = load_ledger(H200_PATH)
 WORKLOADS_PATH = ROOT / "ledgers" / "reference-b200-workloads.json"
 
@@ -103,7 +103,7 @@ def test_worked_example_h200_ngram_t0():
     assert set(curve["weighting"]) == {"time"}
     assert curve.attrs["dropped"] == {}
     row = curve[curve["concurrency"] == 4].iloc[0]
-    # c=4: copy 911.5/786.5 stated 1.159, free-form 413.4/1437.7 stated 0.288 (h200-smollm2.json)
+    # c=4: copy 911.5/786.5 stated 1.159, free-form 413.4/1437.7 stated 0.288 (tests/data/h200-smollm2.json)
     assert (row["multiplier:copy"], row["baseline_tokens_per_s:copy"]) == (1.159, 786.5)
     assert (row["multiplier:free-form"], row["baseline_tokens_per_s:free-form"]) == (0.288, 1437.7)
     by_hand = (0.935 / 1437.7 + 0.065 / 786.5) / (0.935 / (0.288 * 1437.7) + 0.065 / (1.159 * 786.5))

@@ -24,7 +24,7 @@ from specledger.schema import Ledger, load_ledger, parse_ledger
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_PATH = Path(__file__).parent / "data" / "measured-small.json"
 SMALL = load_ledger(SMALL_PATH)
-H200 = load_ledger(ROOT / "ledgers" / "h200-smollm2.json")
+H200 = load_ledger(ROOT / "tests" / "data" / "h200-smollm2.json")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 

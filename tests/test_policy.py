@@ -25,7 +25,7 @@ from specledger.policy import (
 from specledger.schema import load_ledger, parse_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
-H200 = ROOT / "ledgers" / "h200-smollm2.json"
+H200 = ROOT / "tests" / "data" / "h200-smollm2.json"
 NGRAM = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 
 

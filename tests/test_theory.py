@@ -377,3 +377,43 @@ def test_mix_equal_multipliers_and_equal_baselines(mix: tuple[dict, dict, dict],
     assert mix_multiplier(shares, mults, dict.fromkeys(shares, b)) == pytest.approx(
         mix_multiplier(shares, mults), rel=1e-12
     )
+
+
+# -- re-run noise of a multiplier -------------------------------------------------------------------
+
+
+@given(cv_s=st.floats(0.01, 0.5), cv_b=st.floats(0.01, 0.5), n=st.integers(16, 200))
+def test_rerun_sd_shrinks_as_one_over_root_repeats(cv_s: float, cv_b: float, n: int) -> None:
+    from specledger.theory import rerun_multiplier_sd
+
+    assert rerun_multiplier_sd(cv_s, cv_b, 4 * n) == pytest.approx(rerun_multiplier_sd(cv_s, cv_b, n) / 2)
+    assert rerun_multiplier_sd(cv_s, cv_b, 3) > rerun_multiplier_sd(cv_s, cv_b, 10) > rerun_multiplier_sd(cv_s, cv_b, n)
+
+
+@given(cv_s=st.floats(0.01, 0.5), cv_b=st.floats(0.01, 0.5), tol=st.floats(0.02, 0.5))
+def test_repeats_for_tolerance_is_the_fewest_that_reach_two_sds(cv_s: float, cv_b: float, tol: float) -> None:
+    from specledger.theory import repeats_for_tolerance, rerun_multiplier_sd
+
+    n = repeats_for_tolerance(cv_s, cv_b, tol)
+    assert 2 * rerun_multiplier_sd(cv_s, cv_b, n) <= math.log1p(tol)
+    assert all(2 * rerun_multiplier_sd(cv_s, cv_b, m) > math.log1p(tol) for m in range(1, n) if m % 2 == n % 2)
+
+
+def test_predicted_pass_rate_matches_a_simulated_rerun() -> None:
+    """Simulate two runs of n noisy repeats per arm; the share within ±15% matches the prediction."""
+    import random
+    import statistics
+
+    from specledger.theory import rerun_multiplier_sd, within_tolerance_probability
+
+    rng = random.Random(7)
+    cv, n, tol, trials = 0.12, 3, 0.15, 6000
+
+    def multiplier() -> float:
+        spec = statistics.median(rng.gauss(1.0, cv) for _ in range(n))
+        base = statistics.median(rng.gauss(1.0, cv) for _ in range(n))
+        return spec / base
+
+    inside = sum(1 - tol <= multiplier() / multiplier() <= 1 + tol for _ in range(trials)) / trials
+    predicted = within_tolerance_probability(rerun_multiplier_sd(cv, cv, n), tol)
+    assert inside == pytest.approx(predicted, abs=0.05)
