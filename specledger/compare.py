@@ -23,6 +23,7 @@ class Check:
     low: float
     high: float
     tolerance: str
+    reference: str = "committed"
 
     @property
     def ok(self) -> bool:
@@ -30,7 +31,7 @@ class Check:
 
     def line(self) -> str:
         verdict = "ok" if self.ok else "OUT OF TOLERANCE"
-        return (f"{self.metric}: measured {self.measured:.3f}, committed {self.committed:.3f} "
+        return (f"{self.metric}: measured {self.measured:.3f}, {self.reference} {self.committed:.3f} "
                 f"(tolerance {self.tolerance}: {self.low:.3f}..{self.high:.3f}) {verdict}")
 
 
@@ -79,6 +80,10 @@ def compare_point(ledger: Ledger, arm: str, committed: Mapping[str, Any], measur
                                        "no drafts were counted in the measurement"))
         else:
             result.checks.append(Check("acceptance_length", c, float(m), c - absl, c + absl, f"±{absl:g}"))
+    if ledger.arm(arm)["role"] == "policy":
+        bar = policy_bar(ledger, arm, measured)
+        if bar is not None:
+            result.checks.append(bar)
     base = ledger.baseline_arm_for(arm)
     for label, point in (("measured", measured), ("committed", committed)):
         parts = []
@@ -90,3 +95,25 @@ def compare_point(ledger: Ledger, arm: str, committed: Mapping[str, Any], measur
         if parts:
             result.notes.append(f"{label}: " + ", ".join(parts))
     return result
+
+
+def policy_bar(ledger: Ledger, arm: str, point: Mapping[str, Any]) -> Check | None:
+    """A policy arm must keep up with the best fixed choice at this point, within the noise.
+
+    The bar is max(baseline, best fixed-k speculative arm) by median throughput, minus that
+    arm's own repeat range (max - min): a schedule that picks k per batch size is only worth
+    running if, at every measured concurrency, it does about as well as the best single k.
+    """
+    arms = point["arms"]
+    mine = (arms.get(arm) or {}).get("output_tokens_per_s") or {}
+    rivals = [a["name"] for a in ledger.arms
+              if a["role"] in ("baseline", "speculative") and a["name"] in arms and a["name"] != arm]
+    rivals = [n for n in rivals if (arms[n].get("output_tokens_per_s") or {}).get("median") is not None]
+    if mine.get("median") is None or not rivals:
+        return None
+    best = max(rivals, key=lambda n: arms[n]["output_tokens_per_s"]["median"])
+    tps = arms[best]["output_tokens_per_s"]
+    noise = (tps.get("max", tps["median"]) - tps.get("min", tps["median"]))
+    bar = tps["median"] - noise
+    return Check("policy arm tok/s", float(tps["median"]), float(mine["median"]), bar, float("inf"),
+                 f"at least {best}'s median minus its repeat range {noise:.1f}", reference=f"{best} (best fixed)")

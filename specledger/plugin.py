@@ -242,6 +242,10 @@ def check_point(session: Any, point: LedgerPoint) -> None:
         pytest.fail(f"{point.test_id}: arm {point.arm} did not start:\n{failure}", pytrace=False)
     if session.record:
         session.store(point.ledger, measured)
+        bar = compare.policy_bar(point.ledger, point.arm, measured.point) \
+            if point.ledger.arm(point.arm)["role"] == "policy" else None
+        if bar is not None and not bar.ok:  # recorded as measured, but the schedule does not hold up
+            pytest.fail(f"{point.test_id}: recorded; the policy arm misses its bar\n  {bar.line()}", pytrace=False)
         return
     result = compare.compare_point(point.ledger, point.arm, committed, measured.point)
     session.results.append((point.test_id, result))

@@ -167,3 +167,32 @@ def test_compare_fails_when_no_drafts_were_counted():
     del measured["arms"]["spec"]["acceptance"]
     result = compare.compare_point(ledger, "spec", committed, measured)
     assert not result.ok and "no drafts were counted" in result.message("t")
+
+
+# -- policy arm bar ---------------------------------------------------------------------------------
+
+POLICY = ROOT / "ledgers" / "cpu-smollm2-policy.json"
+
+
+def _policy_point(base: float, ngram: float, policy: float, ngram_range: float = 2.0) -> dict:
+    def arm(median: float, rng: float = 0.0) -> dict:
+        return {"output_tokens_per_s": {"median": median, "min": median - rng / 2, "max": median + rng / 2,
+                                        "repeats": [median - rng / 2, median, median + rng / 2]}}
+    return {"workload": "copy", "temperature": 0.0, "concurrency": 2,
+            "arms": {"baseline": arm(base), "ngram": arm(ngram, ngram_range), "policy-ngram": arm(policy)}}
+
+
+def test_policy_arm_passes_within_the_best_arms_range():
+    ledger = load_ledger(POLICY)
+    bar = compare.policy_bar(ledger, "policy-ngram", _policy_point(20.0, 30.0, 28.5, ngram_range=2.0))
+    assert bar is not None and bar.ok and bar.low == pytest.approx(28.0)
+    assert "ngram (best fixed) 30.000" in bar.line()
+
+
+def test_policy_arm_below_the_best_fixed_arm_fails():
+    ledger = load_ledger(POLICY)
+    bar = compare.policy_bar(ledger, "policy-ngram", _policy_point(20.0, 30.0, 25.0, ngram_range=2.0))
+    assert bar is not None and not bar.ok and "OUT OF TOLERANCE" in bar.line()
+    # where the baseline is the best choice, the bar follows the baseline
+    bar = compare.policy_bar(ledger, "policy-ngram", _policy_point(40.0, 30.0, 40.5))
+    assert bar.ok and "baseline (best fixed)" in bar.line()
