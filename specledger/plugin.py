@@ -165,23 +165,26 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("ledger_point", params)
 
 
+def say(config: pytest.Config, line: str) -> None:
+    """Long runs show progress: written past pytest's output capture, as it happens."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None or capture is None:
+        print(line, file=sys.stderr, flush=True)
+        return
+    with capture.global_and_fixture_disabled():
+        reporter.write_line(line)
+
+
 @pytest.fixture(scope="session")
 def specledger(request: pytest.FixtureRequest) -> Iterator[Any]:
     """The session's engines, measurement cache and recorder (see specledger.session)."""
     from specledger.session import SuiteSession
 
     config = request.config
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    capture = config.pluginmanager.get_plugin("capturemanager")
 
     def progress(message: str) -> None:
-        """Long sweeps show progress: written past pytest's output capture, as it happens."""
-        line = f"[specledger {time.strftime('%H:%M:%S')}] {message}"
-        if reporter is None or capture is None:
-            print(line, file=sys.stderr, flush=True)
-            return
-        with capture.global_and_fixture_disabled():
-            reporter.write_line(line)
+        say(config, f"[specledger {time.strftime('%H:%M:%S')}] {message}")
 
     out = config.getoption("--ledger-out")
     http = None

@@ -142,14 +142,7 @@ def test_http_mode_never_records(tmp_path):
 
 def _say(config: pytest.Config, line: str) -> None:
     """Progress past pytest's capture (the servers take a minute each to start)."""
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    capture = config.pluginmanager.get_plugin("capturemanager")
-    text = f"[http {time.strftime('%H:%M:%S')}] {line}"
-    if reporter is None or capture is None:
-        print(text, file=sys.stderr, flush=True)
-        return
-    with capture.global_and_fixture_disabled():
-        reporter.write_line(text)
+    plugin.say(config, f"[http {time.strftime('%H:%M:%S')}] {line}")
 
 
 def _group_gone(pgid: int) -> bool:
