@@ -54,7 +54,10 @@ def test_ctrl_c_shuts_the_engine_down_and_leaves_no_orphans(tmp_path):
     script = tmp_path / "hold_engine.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_CPU_KVCACHE_SPACE="1")
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    # A runner started in the background (nohup ... &) hands SIGINT down as ignored, and Python then
+    # installs no KeyboardInterrupt handler: give the script the Ctrl-C a terminal would deliver.
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         line = ""
         deadline = time.monotonic() + 600
