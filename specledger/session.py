@@ -54,6 +54,9 @@ class SuiteSession:
             raise RuntimeError(f"{ledger.id}: engines failed to start earlier in this session") \
                 from self._failed_start[ledger.id]
         if ledger.id not in self._arms:
+            # One ledger's engines at a time: idle vLLM engines still take CPU (the CPU
+            # engine's workers spin), which would skew the next ledger's measurements.
+            self.close()
             from specledger.models import resolve_model
 
             model = resolve_model(ledger.data["target"]["model"])

@@ -182,17 +182,23 @@ def _policy_point(base: float, ngram: float, policy: float, ngram_range: float =
             "arms": {"baseline": arm(base), "ngram": arm(ngram, ngram_range), "policy-ngram": arm(policy)}}
 
 
-def test_policy_arm_passes_within_the_best_arms_range():
+def test_policy_arm_passes_while_its_range_meets_the_best_arms():
     ledger = load_ledger(POLICY)
+    # policy 28.5 [28.5..28.5] against ngram 30.0 [29.0..31.0]: worse, but not beyond the spread
     bar = compare.policy_bar(ledger, "policy-ngram", _policy_point(20.0, 30.0, 28.5, ngram_range=2.0))
-    assert bar is not None and bar.ok and bar.low == pytest.approx(28.0)
-    assert "ngram (best fixed) 30.000" in bar.line()
+    assert bar is not None and not bar.ok
+    bar = compare.policy_bar(ledger, "policy-ngram", _policy_point(20.0, 30.0, 29.0, ngram_range=2.0))
+    assert bar is not None and bar.ok and bar.low == pytest.approx(29.0)
+    assert "ngram (best fixed) median 30.000" in bar.line()
 
 
 def test_policy_arm_below_the_best_fixed_arm_fails():
     ledger = load_ledger(POLICY)
-    bar = compare.policy_bar(ledger, "policy-ngram", _policy_point(20.0, 30.0, 25.0, ngram_range=2.0))
+    # the first CPU attempt at c=2: k=0 from batch size 2 against ngram k=4
+    point = _policy_point(24.8, 36.1, 22.9, ngram_range=7.1)
+    point["arms"]["policy-ngram"]["output_tokens_per_s"].update(min=20.5, max=23.1)
+    bar = compare.policy_bar(ledger, "policy-ngram", point)
     assert bar is not None and not bar.ok and "OUT OF TOLERANCE" in bar.line()
     # where the baseline is the best choice, the bar follows the baseline
-    bar = compare.policy_bar(ledger, "policy-ngram", _policy_point(40.0, 30.0, 40.5))
+    bar = compare.policy_bar(ledger, "policy-ngram", _policy_point(40.0, 30.0, 40.0))
     assert bar.ok and "baseline (best fixed)" in bar.line()

@@ -153,10 +153,10 @@ def _group_gone(pgid: int) -> bool:
     return False
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cpu_servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
                 ) -> Iterator[dict[str, str]]:
-    """The CPU ledger's arms as two live servers, for the whole session; none left behind after it."""
+    """The CPU ledger's arms as two live servers for this module; gone before other engine tests measure."""
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vLLM is not installed")
     from specledger.models import resolve_model
