@@ -16,10 +16,17 @@ def test_skipped_points_leave_pytest_benchmark_json_intact(tmp_path: Path) -> No
     A skip raised inside `benchmark.pedantic` left a benchmark without data, and
     pytest-benchmark then crashed writing the JSON (seen on the H200 in a resume run).
     """
+    planned = json.loads((ROOT / "ledgers" / "cpu-smollm2-policy.json").read_text())
+    planned.update(status="planned", points=[], provenance={"accelerator": {"kind": "cpu"}})
+    for arm in planned["arms"]:
+        for measured_only in ("effective_config", "kv_cache", "sessions"):
+            arm.pop(measured_only, None)
+    ledger = tmp_path / "planned.json"
+    ledger.write_text(json.dumps(planned))
     report = tmp_path / "bench.json"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "tests/test_ledgers.py", "-p", "no:cacheprovider", "-q",
-         "-m", "not gpu", "-o", "addopts=", "--ledger", "ledgers/cpu-smollm2-policy.json",
+         "-m", "not gpu", "-o", "addopts=", "--ledger", str(ledger),
          "--benchmark-json", str(report)],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
