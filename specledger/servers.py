@@ -43,6 +43,7 @@ __all__ = [
     "ServerStartError",
     "VLLMServer",
     "free_port",
+    "group_alive",
     "server_command",
     "serve",
 ]
@@ -268,14 +269,19 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group is left (signal 0 probes without signalling)."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 def _wait_group_gone(pgid: int, timeout_s: float) -> None:
-    """Wait until no process of the group is left (signal 0 probes without signalling)."""
+    """Wait until no process of the group is left."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return
+    while time.monotonic() < deadline and group_alive(pgid):
         time.sleep(0.1)
 
 

@@ -95,7 +95,7 @@ def run_bench_sequence(out: Path) -> list[Path]:
                 (out / f"{label}-c{concurrency}.bench.log").write_text(done.stdout + done.stderr)
                 assert done.returncode == 0, f"bench serve failed:\n{(done.stdout + done.stderr)[-4000:]}"
                 files.append(out / f"{label}-c{concurrency}.json")
-        assert _group_gone(server.process.pid), f"{label} server left processes behind"
+        assert not servers.group_alive(server.process.pid), f"{label} server left processes behind"
     return files
 
 
@@ -405,14 +405,6 @@ def fake_python(tmp_path: Path) -> str:
     return str(script)
 
 
-def _group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
 def test_server_command_and_free_port():
     port = servers.free_port()
     command = servers.server_command("/m", port, speculative_config=NGRAM)
@@ -429,7 +421,7 @@ def test_the_whole_group_is_stopped_when_the_body_fails(fake_python, tmp_path, e
             assert server.healthy()
             pgid = server.process.pid
             raise error()
-    assert _group_gone(pgid)
+    assert not servers.group_alive(pgid)
     assert "child" in (tmp_path / "s.log").read_text()
 
 
@@ -448,7 +440,7 @@ def test_a_server_that_never_gets_ready_times_out_and_leaves_nothing(fake_python
         server.start()
     assert time.monotonic() - started < 30
     assert "child" in str(info.value)
-    assert _group_gone(server.process.pid)
+    assert not servers.group_alive(server.process.pid)
     assert server.stop() is not None  # idempotent
 
 

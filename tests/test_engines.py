@@ -10,19 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from specledger import engines
+from specledger import engines, servers
 
 pytestmark = pytest.mark.engine
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_a_bad_model_fails_the_start_with_the_workers_traceback(tmp_path):
@@ -65,14 +57,14 @@ def test_ctrl_c_shuts_the_engine_down_and_leaves_no_orphans(tmp_path):
             line = proc.stdout.readline()
             assert line or proc.poll() is None, "the script died before the engine was ready"
         worker_pid = int(line.split()[1])
-        assert _group_alive(worker_pid), "the worker should lead its own process group"
+        assert servers.group_alive(worker_pid), "the worker should lead its own process group"
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=120)
         for _ in range(30):
-            if not _group_alive(worker_pid):
+            if not servers.group_alive(worker_pid):
                 break
             time.sleep(1)
-        assert not _group_alive(worker_pid), "engine processes outlived Ctrl-C"
+        assert not servers.group_alive(worker_pid), "engine processes outlived Ctrl-C"
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -124,4 +116,4 @@ def test_a_spawned_worker_imports_and_waits_without_building_an_engine(tmp_path)
         pid = arm._proc.pid
     finally:
         arm.close()
-    assert not arm.alive and not _group_alive(pid)
+    assert not arm.alive and not servers.group_alive(pid)

@@ -145,14 +145,6 @@ def _say(config: pytest.Config, line: str) -> None:
     plugin.say(config, f"[http {time.strftime('%H:%M:%S')}] {line}")
 
 
-def _group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
 @pytest.fixture(scope="module")
 def cpu_servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
                 ) -> Iterator[dict[str, str]]:
@@ -172,7 +164,7 @@ def cpu_servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     finally:
         for server in started.values():
             server.stop()
-        left = [name for name, server in started.items() if not _group_gone(server.process.pid)]
+        left = [name for name, server in started.items() if servers.group_alive(server.process.pid)]
         assert not left, f"server process groups left running: {left}"
 
 
