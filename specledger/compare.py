@@ -101,10 +101,14 @@ def policy_bar(ledger: Ledger, arm: str, point: Mapping[str, Any]) -> Check | No
     """A policy arm must not fall behind the best fixed choice at this point beyond the noise.
 
     The best fixed arm is the baseline or a fixed-k speculative arm, whichever has the highest
-    median. The policy arm fails only when it is worse beyond the spread: its best repeat stays
-    below that arm's worst repeat (the ranges do not overlap). That is the mirror of the rule
-    `specledger policy` derives schedules with (a k wins only when its worst repeat beats the
-    baseline's best), so a schedule is held to the same evidence it was chosen on.
+    median. The policy arm's median must reach that median minus the measured spread of the
+    difference: the sum of both arms' repeat ranges (max - min). Why the sum: where the policy
+    runs the same k as the best arm, a bar on one arm's range alone (or on ranges that must
+    overlap) fails identical engines at one point in twenty with 3 repeats, and it did so in CI
+    (policy 43.8 tok/s, best repeat 44.2, against ngram's worst 44.4, same k). It is also what
+    the derivation promises: `specledger policy` keeps k only where the ranges separate and
+    drops it where they overlap, and overlapping ranges put the medians within the sum of the
+    ranges, so a schedule derived from a ledger holds this bar on that ledger's own figures.
     """
     arms = point["arms"]
     mine = (arms.get(arm) or {}).get("output_tokens_per_s") or {}
@@ -115,7 +119,15 @@ def policy_bar(ledger: Ledger, arm: str, point: Mapping[str, Any]) -> Check | No
         return None
     best = max(rivals, key=lambda n: arms[n]["output_tokens_per_s"]["median"])
     tps = arms[best]["output_tokens_per_s"]
-    floor = float(tps.get("min", tps["median"]))
-    return Check("policy arm tok/s (best repeat)", float(tps["median"]), float(mine.get("max", mine["median"])),
-                 floor, float("inf"), f"must reach {best}'s worst repeat {floor:.1f}",
+    best_range, my_range = _range(tps), _range(mine)
+    floor = float(tps["median"]) - best_range - my_range
+    return Check("policy arm tok/s (median)", float(tps["median"]), float(mine["median"]),
+                 floor, float("inf"),
+                 f"{best}'s median minus both repeat ranges, {best_range:.1f} + {my_range:.1f}",
                  reference=f"{best} (best fixed) median")
+
+
+def _range(tps: Mapping[str, Any]) -> float:
+    """max - min of an arm's repeats (0 when only the median is known)."""
+    median = float(tps["median"])
+    return float(tps.get("max", median)) - float(tps.get("min", median))
