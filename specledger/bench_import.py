@@ -516,13 +516,8 @@ def _provenance(runs: Sequence[BenchRun], engine: Mapping[str, str] | None, acce
     """Engine, accelerator and date from the files (metadata), filled in by the caller where they are silent."""
     first = runs[0]
     prov: dict[str, Any] = {}
-    engine_out = {"name": first.meta("engine"), "version": first.meta("engine_version")}
-    for key in ("name", "version"):
-        given = (engine or {}).get(key)
-        if given is not None and engine_out[key] is not None and given != engine_out[key]:
-            problems.append(f"{first.file}: records engine {key} {engine_out[key]!r}, but {given!r} was given")
-        engine_out[key] = engine_out[key] or given
-    if engine_out["name"] is None or engine_out["version"] is None:
+    engine_out = _reconcile(first, "engine", {"name": "engine", "version": "engine_version"}, engine, problems)
+    if "name" not in engine_out or "version" not in engine_out:
         problems.append(
             f"{first.file}: the engine (name and version) is not recorded; give it, or run bench serve with "
             "--metadata engine=vllm engine_version=X.Y.Z"
@@ -531,17 +526,9 @@ def _provenance(runs: Sequence[BenchRun], engine: Mapping[str, str] | None, acce
         prov["engine"] = engine_out
     if first.meta("torch_version"):
         prov["torch_version"] = first.meta("torch_version")
-    accel: dict[str, Any] = {}
-    for key, meta_key in (("kind", "accelerator"), ("name", "accelerator_name"), ("count", "accelerator_count")):
-        stated: Any = first.meta(meta_key)
-        if key == "count" and stated is not None:
-            stated = int(stated) if stated.isdigit() else None
-        given = (accelerator or {}).get(key)
-        if given is not None and stated is not None and given != stated:
-            problems.append(f"{first.file}: records accelerator {key} {stated!r}, but {given!r} was given")
-        value = stated if stated is not None else given
-        if value is not None:
-            accel[key] = value
+    accel = _reconcile(first, "accelerator",
+                       {"kind": "accelerator", "name": "accelerator_name", "count": "accelerator_count"},
+                       accelerator, problems)
     if "kind" not in accel:
         problems.append(
             f"{first.file}: the accelerator is not recorded; give its kind (cpu, cuda, ...), or run bench serve "
@@ -555,6 +542,26 @@ def _provenance(runs: Sequence[BenchRun], engine: Mapping[str, str] | None, acce
     prov["date"] = dates[0]
     prov["command"] = IMPORT_PREFIX + ", ".join(run.file for run in runs) + (f"; by: {command}" if command else "")
     return prov
+
+
+def _reconcile(run: BenchRun, what: str, meta_keys: Mapping[str, str], given: Mapping[str, Any] | None,
+               problems: list[str]) -> dict[str, Any]:
+    """Fields the file's metadata records, else the caller's; a contradiction between them is a problem.
+
+    Why both: `bench serve --metadata` is the run's own word, the caller's flags fill its silences,
+    and neither may quietly overrule the other.
+    """
+    out: dict[str, Any] = {}
+    for key, meta_key in meta_keys.items():
+        stated: Any = run.meta(meta_key)
+        if key == "count" and stated is not None:
+            stated = int(stated) if str(stated).isdigit() else None
+        value = (given or {}).get(key)
+        if value is not None and stated is not None and value != stated:
+            problems.append(f"{run.file}: records {what} {key} {stated!r}, but {value!r} was given")
+        if stated is not None or value is not None:
+            out[key] = stated if stated is not None else value
+    return out
 
 
 # --------------------------------------------------------------------------------------------

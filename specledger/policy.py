@@ -11,7 +11,7 @@ The rules, so that a schedule can be re-derived by hand:
 
 * **Win rule.** A speculative arm beats the baseline at a point only if its repeat range lies
   wholly above the baseline's: ``arm.min > baseline.max``. Ledger repeats are few and short
-  and the run-to-run noise is of the size of the effects (see h200-smollm2's notes), so a
+  and the run-to-run noise is of the size of the effects (see the H200 ledgers' notes), so a
   median win inside the other arm's range is not evidence; without min/max (one repeat,
   reference figures) the range is the median alone. Among arms that win, the highest median
   is chosen (a tie goes to the smaller k: less drafting). No winner: k = 0.
