@@ -704,8 +704,8 @@ class _Audit:
                      f"multiplier tolerance ±{tol:.0%} is tighter than this protocol's noise: repeats vary by "
                      f"{cv_spec:.1%} ({arm['name']}) and {cv_base:.1%} ({base}) (pooled CV), so a re-run of an "
                      f"unchanged machine moves the multiplier by SD {sd:.1%} with {n} repeats and stays within "
-                     f"±{tol:.0%} at only {p:.0%} of points; {need} repeats (or repeats {need / n:.0f}x longer) "
-                     f"give 95%{caveat}", "info" if rotating else "warning")
+                     f"±{tol:.0%} at only {p:.0%} of points; {need} repeats give 95%{caveat}",
+                     "info" if rotating else "warning")
 
     def run(self) -> list[Finding]:
         self.points()
