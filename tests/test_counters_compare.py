@@ -2,12 +2,13 @@
 
 import asyncio
 import copy
+import functools
 import json
 import statistics
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from specledger import compare, counters, load, measure, report
@@ -194,7 +195,8 @@ def test_policy_arm_passes_within_both_repeat_ranges():
 
 
 def test_policy_arm_running_the_same_k_as_the_best_arm_passes():
-    """The CI run that failed the old bar: same k, policy 2% lower, ranges just apart."""
+    """The CI run that failed the old bar (its medians, ngram's worst and policy's best repeat;
+    the other range ends assumed): same k, policy 2% lower, ranges just apart."""
     ledger = load_ledger(POLICY)
     point = _policy_point(29.4, 44.8, 43.8)
     point["arms"]["ngram"]["output_tokens_per_s"].update(min=44.4, max=45.3)
@@ -204,15 +206,19 @@ def test_policy_arm_running_the_same_k_as_the_best_arm_passes():
     assert bar.low == pytest.approx(44.8 - 0.9 - 1.5)
 
 
+@functools.cache
+def _policy_ledger() -> Ledger:
+    return load_ledger(POLICY)
+
+
 _repeats = st.lists(st.floats(1.0, 100.0, allow_nan=False), min_size=1, max_size=9)
 
 
 @given(_repeats, _repeats)
 def test_policy_bar_holds_wherever_the_derivation_saw_overlapping_ranges(best, policy):
     """`specledger policy` drops k only where ranges overlap; such figures must pass the bar."""
-    if max(policy) < min(best) or max(best) < min(policy):
-        return
-    ledger = load_ledger(POLICY)
+    assume(max(policy) >= min(best) and max(best) >= min(policy))
+    ledger = _policy_ledger()
     point = _policy_point(0.5, 0.0, 0.0)
     for name, values in (("ngram", best), ("policy-ngram", policy)):
         point["arms"][name]["output_tokens_per_s"] = {
