@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
@@ -123,6 +123,32 @@ def _is_number(x: Any) -> bool:
 # --------------------------------------------------------------------------------------------
 
 
+def _cv(values: Sequence[float]) -> float | None:
+    """Coefficient of variation of repeats (None below two repeats or at a zero mean)."""
+    if len(values) < 2 or statistics.fmean(values) <= 0:
+        return None
+    return statistics.stdev(values) / statistics.fmean(values)
+
+
+def _noise_source(arm: str, cv_throughput: float, cv_engine: float | None) -> str:
+    """Where the repeat noise lives, when the ledger timed requests inside the engine too.
+
+    Engine-core time per request varying as much as throughput puts the noise in the engine's
+    own steps (kernels, scheduling, host work per step); engine time that holds still while
+    throughput moves puts it outside the engine core (front end, load generator, machine).
+    """
+    if cv_engine is None:
+        return ""
+    if cv_engine >= 0.7 * cv_throughput:
+        where = "so the noise is in the engine's own steps"
+    elif cv_engine <= 0.3 * cv_throughput:
+        where = "so most of the noise is outside the engine core (front end, load generator, machine)"
+    else:
+        where = "so the noise is partly in the engine's steps, partly outside the engine core"
+    return (f"; {arm}'s engine-core time per request (vllm:request_inference_time_seconds) varies by "
+            f"{cv_engine:.1%} against {cv_throughput:.1%} for its throughput, {where}")
+
+
 class _Audit:
     """Walks one ledger and collects findings; `bad` is the severity of an inconsistency here."""
 
@@ -175,6 +201,11 @@ class _Audit:
                 k = self.k_of(arm_name)
                 if "acceptance" in result:
                     self.acceptance([*parts, "acceptance"], result["acceptance"], k, rounding)
+                n_repeats = len((result.get("output_tokens_per_s") or {}).get("repeats") or [])
+                for timer, times in (result.get("request_time_s") or {}).items():
+                    if n_repeats and len(times) != n_repeats:
+                        self.add([*parts, "request_time_s", timer], "repeats",
+                                 f"{len(times)} request times for {n_repeats} throughput repeats")
                 per_step = result.get("speculative_tokens_per_step")
                 if per_step is not None and k is not None and per_step > k + _eps(k):
                     self.add(
@@ -672,19 +703,24 @@ class _Audit:
         if self.reference or not tol:
             return
         cvs: dict[str, list[float]] = {}
+        engine_cvs: dict[str, list[float]] = {}
         counts: list[int] = []
         for point in self.ledger.points:
             for arm_name, result in point["arms"].items():
                 repeats = (result.get("output_tokens_per_s") or {}).get("repeats") or []
-                if len(repeats) >= 2 and statistics.fmean(repeats) > 0:
-                    cvs.setdefault(arm_name, []).append(statistics.stdev(repeats) / statistics.fmean(repeats))
+                cv = _cv(repeats)
+                if cv is not None:
+                    cvs.setdefault(arm_name, []).append(cv)
                     counts.append(len(repeats))
+                engine = _cv((result.get("request_time_s") or {}).get("engine") or [])
+                if engine is not None:
+                    engine_cvs.setdefault(arm_name, []).append(engine)
         if not counts:
             return
         n = int(statistics.median(counts))
 
-        def pooled(arm: str) -> float | None:
-            values = cvs.get(arm)
+        def pooled(arm: str | None, table: Mapping[str, list[float]] = cvs) -> float | None:
+            values = table.get(arm) if arm else None
             return math.sqrt(statistics.fmean(v * v for v in values)) if values else None
 
         for i, arm in enumerate(self.ledger.arms):
@@ -704,7 +740,8 @@ class _Audit:
                      f"multiplier tolerance ±{tol:.0%} is tighter than this protocol's noise: repeats vary by "
                      f"{cv_spec:.1%} ({arm['name']}) and {cv_base:.1%} ({base}) (pooled CV), so a re-run of an "
                      f"unchanged machine moves the multiplier by SD {sd:.1%} with {n} repeats and stays within "
-                     f"±{tol:.0%} at only {p:.0%} of points; {need} repeats give 95%{caveat}",
+                     f"±{tol:.0%} at only {p:.0%} of points; {need} repeats give 95%{caveat}"
+                     f"{_noise_source(arm['name'], cv_spec, pooled(arm['name'], engine_cvs))}",
                      "info" if rotating else "warning")
 
     def run(self) -> list[Finding]:

@@ -8,6 +8,7 @@ since a verifier's first question is whether the tolerance or the measurement is
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,17 @@ def spread(arm_result: Mapping[str, Any] | None) -> float | None:
     return (tps["max"] - tps["min"]) / tps["median"]
 
 
+def engine_spread(arm_result: Mapping[str, Any]) -> float | None:
+    """(max - min) / median of the engine's own time per request over the repeats, if recorded.
+
+    Beside the throughput spread it tells whether a noisy repeat was slow inside the engine.
+    """
+    times = (arm_result.get("request_time_s") or {}).get("engine") or []
+    if len(times) < 2 or statistics.median(times) <= 0:
+        return None
+    return (max(times) - min(times)) / statistics.median(times)
+
+
 def compare_point(ledger: Ledger, arm: str, committed: Mapping[str, Any], measured: Mapping[str, Any]
                   ) -> Comparison:
     tol = ledger.tolerances
@@ -91,7 +103,9 @@ def compare_point(ledger: Ledger, arm: str, committed: Mapping[str, Any], measur
             s = spread(point["arms"].get(name)) if name else None
             if s is not None:
                 med = point["arms"][name]["output_tokens_per_s"]["median"]
-                parts.append(f"{name} {med:.1f} tok/s (repeat spread {s:.1%})")
+                engine = engine_spread(point["arms"][name])
+                inside = f"; engine time per request {engine:.1%}" if engine is not None else ""
+                parts.append(f"{name} {med:.1f} tok/s (repeat spread {s:.1%}{inside})")
         if parts:
             result.notes.append(f"{label}: " + ", ".join(parts))
     return result

@@ -8,10 +8,16 @@ fraction: vLLM's own ``bench serve`` prints it in percent.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 COUNTS = ("drafts", "draft_tokens", "accepted_tokens")
+#: Per-request histograms whose (sum, count) deltas time a run inside the engine: the engine
+#: core's own timestamps (scheduled to last token), and the front end's arrival to finish.
+REQUEST_TIMERS = {
+    "vllm:request_inference_time_seconds": "engine",
+    "vllm:e2e_request_latency_seconds": "end_to_end",
+}
 
 
 def delta(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
@@ -40,6 +46,25 @@ def add(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     pa += [0] * (n - len(pa))
     pb += [0] * (n - len(pb))
     out["accepted_per_position"] = [x + y for x, y in zip(pa, pb, strict=True)]
+    return out
+
+
+def request_times(before: Mapping[str, Sequence[float]], after: Mapping[str, Sequence[float]]
+                  ) -> dict[str, float]:
+    """Mean seconds per request of each timer over a run, from cumulative [sum, count] pairs.
+
+    Why: a run's wall time mixes the engine's steps with the front end and the load generator;
+    the engine core's own per-request time tells which of them a noisy repeat came from.
+    Timers that finished no request in the run are left out.
+    """
+    out: dict[str, float] = {}
+    for name, (sum_after, count_after) in after.items():
+        sum_before, count_before = before.get(name, (0.0, 0.0))
+        count = count_after - count_before
+        if count < 0 or sum_after < sum_before:
+            raise ValueError(f"request timer {name} went down between snapshots: was the engine restarted?")
+        if count > 0:
+            out[name] = (sum_after - sum_before) / count
     return out
 
 

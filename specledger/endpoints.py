@@ -113,27 +113,29 @@ class HTTPArm:
     def counters(self) -> dict[str, Any]:
         return server_metrics.read_spec_metrics(self.base_url).counters
 
-    def _settled_counters(self, settle_s: float = 0.2, limit_s: float = 3.0) -> dict[str, Any]:
-        """Counters once two reads agree: the last step's stats reach the API process just after its output."""
+    def _settled_metrics(self, settle_s: float = 0.2, limit_s: float = 3.0) -> server_metrics.SpecMetrics:
+        """Metrics once two reads agree: the last step's stats reach the API process just after its output."""
         time.sleep(settle_s)
-        last = self.counters()
+        last = server_metrics.read_spec_metrics(self.base_url)
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
             time.sleep(settle_s)
-            now = self.counters()
-            if now == last:
+            now = server_metrics.read_spec_metrics(self.base_url)
+            if now.counters == last.counters and now.request_timers == last.request_timers:
                 break
             last = now
         return last
 
     def run(self, *, prompts: list[str], concurrency: int, sampling: Mapping[str, Any]) -> dict[str, Any]:
-        """Closed-loop run over streaming completions; counters are /metrics deltas around it."""
+        """Closed-loop run over streaming completions; counters and request timers are /metrics deltas."""
         from specledger.engines import chat_token_ids  # no vLLM import at module level there
 
         token_ids = [chat_token_ids(self.tokenizer, p) for p in prompts]
-        before = self.counters()
+        before = server_metrics.read_spec_metrics(self.base_url)
         result = asyncio.run(self._closed_loop(token_ids, concurrency, sampling))
-        result["counters"] = counters.delta(before, self._settled_counters())
+        after = self._settled_metrics()
+        result["counters"] = counters.delta(before.counters, after.counters)
+        result["request_time_s"] = counters.request_times(before.request_timers, after.request_timers)
         return result
 
     async def _closed_loop(self, token_ids: list[list[int]], concurrency: int, sampling: Mapping[str, Any]

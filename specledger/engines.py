@@ -349,11 +349,12 @@ async def _run(engine: Any, tokenizer: Any, message: Mapping[str, Any]) -> dict[
             final = out
         return len(final.outputs[0].token_ids) if final is not None else 0
 
-    before = read_spec_counters()
+    before, timers_before = read_spec_counters(), read_request_timers()
     result = await load.closed_loop(submit, len(token_ids), int(message["concurrency"]))
     # Stats of the last engine step are recorded just after its outputs are handed out.
     await asyncio.sleep(0.2)
     result["counters"] = counters.delta(before, read_spec_counters())
+    result["request_time_s"] = counters.request_times(timers_before, read_request_timers())
     return result
 
 
@@ -562,6 +563,21 @@ def read_spec_counters() -> dict[str, Any]:
                     per_pos.append(0)
                 per_pos[i] += int(v)
     totals["accepted_per_position"] = per_pos
+    return totals
+
+
+def read_request_timers() -> dict[str, list[float]]:
+    """Cumulative [sum, count] of this process's per-request timers (counters.REQUEST_TIMERS)."""
+    from vllm.v1.metrics.reader import Histogram, get_metrics_snapshot
+
+    from specledger.counters import REQUEST_TIMERS
+
+    totals: dict[str, list[float]] = {}
+    for metric in get_metrics_snapshot():
+        if isinstance(metric, Histogram) and metric.name in REQUEST_TIMERS:
+            total = totals.setdefault(REQUEST_TIMERS[metric.name], [0.0, 0.0])
+            total[0] += float(metric.sum)
+            total[1] += float(metric.count)
     return totals
 
 

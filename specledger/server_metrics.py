@@ -20,6 +20,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from specledger.counters import REQUEST_TIMERS
+
 __all__ = [
     "COUNTER_FAMILIES",
     "PER_POSITION_FAMILY",
@@ -56,6 +58,9 @@ class SpecMetrics:
     model_names: tuple[str, ...] = ()
     #: Labels of `vllm:cache_config_info` (KV-cache blocks, block size...), empty if absent.
     cache_config: dict[str, str] = field(default_factory=dict)
+    #: Cumulative [sum, count] of the per-request timers (counters.REQUEST_TIMERS), as
+    #: `engines.read_request_timers()` gives them in-process.
+    request_timers: dict[str, list[float]] = field(default_factory=dict)
 
 
 def metrics_url(url: str) -> str:
@@ -83,6 +88,7 @@ def parse_spec_metrics(text: str, *, source: str = "/metrics") -> SpecMetrics:
     seen: set[str] = set()
     models: set[str] = set()
     cache_config: dict[str, str] = {}
+    timers: dict[str, list[float]] = {}
     try:
         families = list(text_string_to_metric_families(text))
     except ValueError as exc:
@@ -93,6 +99,13 @@ def parse_spec_metrics(text: str, *, source: str = "/metrics") -> SpecMetrics:
                 models.add(sample.labels["model_name"])
         if family.name == "vllm:cache_config_info" and family.samples:
             cache_config = dict(family.samples[0].labels)
+        if family.name in REQUEST_TIMERS:
+            total = timers.setdefault(REQUEST_TIMERS[family.name], [0.0, 0.0])
+            for s in family.samples:
+                if s.name.endswith("_sum"):
+                    total[0] += float(s.value)
+                elif s.name.endswith("_count"):
+                    total[1] += float(s.value)
         if family.name in COUNTER_FAMILIES:
             seen.add(family.name)
             key = COUNTER_FAMILIES[family.name]
@@ -107,7 +120,7 @@ def parse_spec_metrics(text: str, *, source: str = "/metrics") -> SpecMetrics:
     wanted = [*COUNTER_FAMILIES, PER_POSITION_FAMILY]
     missing = tuple(f"{name}_total" for name in wanted if name not in seen)
     return SpecMetrics(totals, has_spec=not missing, missing=missing, model_names=tuple(sorted(models)),
-                       cache_config=cache_config)
+                       cache_config=cache_config, request_timers=timers)
 
 
 def read_spec_metrics(url: str, timeout_s: float = 10.0) -> SpecMetrics:

@@ -485,3 +485,29 @@ def test_noisy_repeats_warn_that_the_tolerance_cannot_be_verified(small):
 def test_rotating_prompts_make_the_noise_finding_an_upper_bound(small):
     noise = [f for f in audit(_with_noise(small, 0.2, "rotate")) if f.code == "noise"]
     assert [f.severity for f in noise] == ["info"] and "upper bound" in noise[0].message
+
+
+def _with_engine_times(small: dict, spread: float) -> dict:
+    """Give every arm engine-side request times with a relative spread."""
+    for point in small["points"]:
+        for result in point["arms"].values():
+            result["request_time_s"] = {"engine": [0.5 * (1 - spread), 0.5, 0.5 * (1 + spread)]}
+    return small
+
+
+@pytest.mark.parametrize(("engine_spread", "verdict"), [
+    (0.2, "in the engine's own steps"),
+    (0.01, "outside the engine core"),
+    (0.1, "partly in the engine's steps"),
+])
+def test_the_noise_finding_places_the_noise_by_engine_time(small, engine_spread, verdict):
+    noise = [f for f in audit(_with_engine_times(_with_noise(small, 0.2), engine_spread)) if f.code == "noise"]
+    assert len(noise) == 1 and verdict in noise[0].message
+    assert "vllm:request_inference_time_seconds" in noise[0].message
+
+
+def test_request_times_must_match_the_repeats(small):
+    _with_engine_times(_with_noise(small, 0.01), 0.01)
+    small["points"][0]["arms"]["eagle"]["request_time_s"]["engine"].pop()
+    found = [f for f in audit(small) if f.json_path == "$.points[0].arms.eagle.request_time_s.engine"]
+    assert [f.code for f in found] == ["repeats"] and "2 request times for 3 throughput repeats" in found[0].message

@@ -12,7 +12,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from specledger import compare, counters, load, measure, report
-from specledger.schema import Ledger, load_ledger
+from specledger.schema import Ledger, dump_ledger, load_ledger, parse_ledger
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,6 +32,15 @@ def test_delta_refuses_a_counter_that_went_down():
 def test_delta_of_a_position_vector_that_appears_later():
     d = counters.delta({"drafts": 0}, {"drafts": 3, "accepted_per_position": [3, 2]})
     assert d["accepted_per_position"] == [3, 2]
+
+
+def test_request_times_are_mean_seconds_per_request_of_the_run():
+    before = {"engine": [10.0, 4.0], "end_to_end": [12.0, 4.0]}
+    after = {"engine": [13.0, 10.0], "end_to_end": [16.2, 10.0], "idle": [1.0, 0.0]}
+    times = counters.request_times(before, after)
+    assert times == pytest.approx({"engine": 0.5, "end_to_end": 0.7})  # "idle" finished no request
+    with pytest.raises(ValueError, match="request timer engine went down"):
+        counters.request_times(after, before)
 
 
 def test_acceptance_length_is_one_plus_accepted_per_draft():
@@ -128,6 +137,23 @@ def test_build_point_multiplier_is_ratio_of_medians_and_acceptance_from_summed_c
     assert "multiplier" not in point["arms"]["baseline"]
 
 
+def test_build_point_keeps_request_times_per_repeat_only_when_every_repeat_has_them():
+    ledger = _ledger_with_arms()
+    workload = ledger.data["workloads"][0]["name"]
+    runs = _runs([100, 110, 90], [150, 130, 170])
+    for i, run in enumerate(runs["spec"]):
+        run["request_time_s"] = {"engine": 0.1 * (i + 1), "end_to_end": 0.123456789}
+    runs["baseline"][0]["request_time_s"] = {"engine": 0.2}
+    point = measure.build_point(ledger, workload, 0.0, 2, runs)
+    assert point["arms"]["spec"]["request_time_s"] == {"engine": [0.1, 0.2, 0.3], "end_to_end": [0.12346] * 3}
+    assert "request_time_s" not in point["arms"]["baseline"]
+    data = copy.deepcopy(ledger.data)
+    data["points"] = [point]
+    for section in ("critical_concurrency", "claims"):  # they name the fixture's own arms
+        data.pop(section, None)
+    parse_ledger(dump_ledger(data), "built.json")  # schema-valid as measured
+
+
 def test_config_differences_ignore_the_drafter_itself():
     configs = {
         "baseline": {"async_scheduling": True, "max_num_seqs": 64},
@@ -161,7 +187,10 @@ def test_compare_fails_outside_with_a_message_that_says_everything():
     message = result.message("x-spec-copy-T0-c2")
     assert "multiplier: measured 1.200, committed 1.500" in message
     assert "±10%" in message and "1.350..1.650" in message
-    assert "repeat spread" in message
+    assert "repeat spread" in message and "engine time per request" not in message
+    measured["arms"]["spec"]["request_time_s"] = {"engine": [0.4, 0.5, 0.6]}
+    message = compare.compare_point(ledger, "spec", committed, measured).message("x-spec-copy-T0-c2")
+    assert "engine time per request 40.0%" in message
 
 
 def test_compare_fails_when_no_drafts_were_counted():

@@ -117,3 +117,20 @@ def test_a_spawned_worker_imports_and_waits_without_building_an_engine(tmp_path)
     finally:
         arm.close()
     assert not arm.alive and not servers.group_alive(pid)
+
+
+def test_a_run_times_its_requests_inside_the_engine():
+    """Each run carries the engine's own per-request times as deltas, beside its wall time."""
+    from specledger.models import resolve_model
+
+    spec = engines.ArmSpec(name="baseline", role="baseline", engine_args={
+        "model": resolve_model("embedded:smollm2"), "dtype": "float32", "max_model_len": 512,
+        "enforce_eager": True, "max_num_seqs": 2})
+    sampling = {"temperature": 0.0, "max_tokens": 16}
+    with engines.ArmEngine(spec) as arm:
+        runs = [arm.run(prompts=["Say hello.", "Count to five."], concurrency=2, sampling=sampling)
+                for _ in range(2)]
+    for res in runs:
+        times = res["request_time_s"]
+        assert 0 < times["engine"] <= times["end_to_end"] * 1.01 <= res["wall_s"] * 1.01, (times, res["wall_s"])
+        assert res["counters"]["drafts"] == 0 and res["output_tokens"] > 0

@@ -49,6 +49,18 @@ def test_captured_metrics_parse_into_engine_counters():
     assert m.cache_config["num_gpu_blocks"] == "182" and m.cache_config["block_size"] == "128"
 
 
+def test_request_timers_are_histogram_sums_and_counts_over_engines():
+    hist = "".join(
+        f"# TYPE {name} histogram\n"
+        + "".join(f'{name}_bucket{{engine="{e}",le="+Inf",model_name="m"}} {4 + e}\n'
+                  f'{name}_count{{engine="{e}",model_name="m"}} {4 + e}\n'
+                  f'{name}_sum{{engine="{e}",model_name="m"}} {value + e}\n' for e in (0, 1))
+        for name, value in (("vllm:request_inference_time_seconds", 2.5), ("vllm:e2e_request_latency_seconds", 3.0)))
+    m = server_metrics.parse_spec_metrics(METRICS.read_text() + hist)
+    assert m.request_timers == {"engine": [6.0, 9.0], "end_to_end": [7.0, 9.0]}
+    assert server_metrics.parse_spec_metrics(METRICS.read_text()).request_timers == {}
+
+
 def test_counters_sum_over_engines_and_missing_families_are_named():
     text = METRICS.read_text()
     lines = []
@@ -236,6 +248,8 @@ def test_watch_catches_the_drafter_going_quiet(cpu_servers, request, tmp_path):
         assert proc.poll() is None, err_path.read_text()
         copy_sampling = measure.sampling_for(ledger, "copy", 0.0)
         res = arm.run(prompts=_copy_point_traffic(ledger), concurrency=2, sampling=copy_sampling)
+        times = res["request_time_s"]  # the server's own per-request histograms, as deltas
+        assert 0 < times["engine"] <= times["end_to_end"] * 1.01 < res["wall_s"], times
         time.sleep(2.5)
         watched = out_path.read_text()
         _say(request.config, f"copy traffic: {_acceptance_line(res['counters'])}; watch: "

@@ -154,6 +154,14 @@ def test_negative_throughput(tmp_path, small):
     assert str(problem) == f"{tmp_path / 'ledger.json'}: {BASELINE_MEDIAN}: {problem.message}"
 
 
+def test_negative_request_time(tmp_path, small):
+    small["points"][0]["arms"]["eagle"]["request_time_s"] = {"engine": [0.5, -0.1]}
+    problem = single(
+        problems_of(write(tmp_path, json.dumps(small))), "$.points[0].arms.eagle.request_time_s.engine[1]"
+    )
+    assert "-0.1 is less than the minimum of 0" in problem.message
+
+
 def test_acceptance_rate_above_one(tmp_path, small):
     small["points"][0]["arms"]["eagle"]["acceptance"]["acceptance_rate"] = 1.2
     problem = single(
