@@ -3,7 +3,8 @@
 vLLM's counters are process-global and cumulative, so every measurement is a
 difference of two snapshots. Acceptance length is tokens per verification step:
 1 + accepted / drafts (the 1 is the token the target emits itself). The rate is a
-fraction: vLLM's own ``bench serve`` prints it in percent.
+fraction: vLLM's own ``bench serve`` prints it in percent. vLLM's per-request timers
+(histograms) are read the same way, as deltas of their sums and counts.
 """
 
 from __future__ import annotations

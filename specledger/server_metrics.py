@@ -5,7 +5,8 @@ server only shows its counters as Prometheus text. Parsing goes through `prometh
 text parser (not regexes), which also strips the `_total` suffix from counter families, so the
 family names match `engines.SPEC_COUNTERS`. The result has the shape of
 `engines.read_spec_counters()`, so `counters.delta` works on both. Counters are summed over
-the `engine` label (data-parallel servers export one series per engine core).
+the `engine` label (data-parallel servers export one series per engine core). The per-request
+timers (`counters.REQUEST_TIMERS`) come along as [sum, count], summed the same way.
 
 No vLLM import: `specledger watch` runs on any machine that can reach the server.
 """
