@@ -55,7 +55,7 @@ def spread(arm_result: Mapping[str, Any] | None) -> float | None:
     tps = (arm_result or {}).get("output_tokens_per_s") or {}
     if not tps.get("median") or tps.get("min") is None or tps.get("max") is None:
         return None
-    return (tps["max"] - tps["min"]) / tps["median"]
+    return _range(tps) / tps["median"]
 
 
 def engine_spread(arm_result: Mapping[str, Any]) -> float | None:

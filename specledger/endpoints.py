@@ -110,9 +110,6 @@ class HTTPArm:
         return self
 
     # -- measuring -------------------------------------------------------------------------------------
-    def counters(self) -> dict[str, Any]:
-        return server_metrics.read_spec_metrics(self.base_url).counters
-
     def _settled_metrics(self, settle_s: float = 0.2, limit_s: float = 3.0) -> server_metrics.SpecMetrics:
         """Metrics once two reads agree: the last step's stats reach the API process just after its output."""
         time.sleep(settle_s)

@@ -349,12 +349,13 @@ async def _run(engine: Any, tokenizer: Any, message: Mapping[str, Any]) -> dict[
             final = out
         return len(final.outputs[0].token_ids) if final is not None else 0
 
-    before, timers_before = read_spec_counters(), read_request_timers()
+    before, timers_before = read_metrics()
     result = await load.closed_loop(submit, len(token_ids), int(message["concurrency"]))
     # Stats of the last engine step are recorded just after its outputs are handed out.
     await asyncio.sleep(0.2)
-    result["counters"] = counters.delta(before, read_spec_counters())
-    result["request_time_s"] = counters.request_times(timers_before, read_request_timers())
+    after, timers_after = read_metrics()
+    result["counters"] = counters.delta(before, after)
+    result["request_time_s"] = counters.request_times(timers_before, timers_after)
     return result
 
 
@@ -550,10 +551,19 @@ def _nvidia_driver() -> str | None:
 
 def read_spec_counters() -> dict[str, Any]:
     """Cumulative spec-decode counters of this process (vLLM's registry is process-global)."""
-    from vllm.v1.metrics.reader import Counter, Vector, get_metrics_snapshot
+    return read_metrics()[0]
+
+
+def read_metrics() -> tuple[dict[str, Any], dict[str, list[float]]]:
+    """One pass over this process's vLLM registry: the cumulative spec-decode counters, and the
+    per-request timers (counters.REQUEST_TIMERS) as cumulative [sum, count]."""
+    from vllm.v1.metrics.reader import Counter, Histogram, Vector, get_metrics_snapshot
+
+    from specledger.counters import REQUEST_TIMERS
 
     totals: dict[str, Any] = {key: 0 for key in SPEC_COUNTERS.values()}
     per_pos: list[int] = []
+    timers: dict[str, list[float]] = {}
     for metric in get_metrics_snapshot():
         if isinstance(metric, Counter) and metric.name in SPEC_COUNTERS:
             totals[SPEC_COUNTERS[metric.name]] += int(metric.value)
@@ -562,23 +572,12 @@ def read_spec_counters() -> dict[str, Any]:
                 if i >= len(per_pos):
                     per_pos.append(0)
                 per_pos[i] += int(v)
-    totals["accepted_per_position"] = per_pos
-    return totals
-
-
-def read_request_timers() -> dict[str, list[float]]:
-    """Cumulative [sum, count] of this process's per-request timers (counters.REQUEST_TIMERS)."""
-    from vllm.v1.metrics.reader import Histogram, get_metrics_snapshot
-
-    from specledger.counters import REQUEST_TIMERS
-
-    totals: dict[str, list[float]] = {}
-    for metric in get_metrics_snapshot():
-        if isinstance(metric, Histogram) and metric.name in REQUEST_TIMERS:
-            total = totals.setdefault(REQUEST_TIMERS[metric.name], [0.0, 0.0])
+        elif isinstance(metric, Histogram) and metric.name in REQUEST_TIMERS:
+            total = timers.setdefault(REQUEST_TIMERS[metric.name], [0.0, 0.0])
             total[0] += float(metric.sum)
             total[1] += float(metric.count)
-    return totals
+    totals["accepted_per_position"] = per_pos
+    return totals, timers
 
 
 if __name__ == "__main__":  # pragma: no cover - nothing to run directly

@@ -138,7 +138,7 @@ def build_point(ledger: Ledger, workload: str, temperature: float, concurrency: 
             "duration_s": round(sum(float(x["wall_s"]) for x in rs), 3),
         }
         times = [x.get("request_time_s") or {} for x in rs]
-        timed = [name for name in ("engine", "end_to_end") if times and all(name in t for t in times)]
+        timed = [name for name in counters.REQUEST_TIMERS.values() if times and all(name in t for t in times)]
         if timed:
             result["request_time_s"] = {name: [round(t[name], 5) for t in times] for name in timed}
         arm = ledger.arm(name)

@@ -60,7 +60,7 @@ class SpecMetrics:
     #: Labels of `vllm:cache_config_info` (KV-cache blocks, block size...), empty if absent.
     cache_config: dict[str, str] = field(default_factory=dict)
     #: Cumulative [sum, count] of the per-request timers (counters.REQUEST_TIMERS), as
-    #: `engines.read_request_timers()` gives them in-process.
+    #: `engines.read_metrics()` gives them in-process.
     request_timers: dict[str, list[float]] = field(default_factory=dict)
 
 
