@@ -7,6 +7,11 @@ value to the stated decimals gives the stated value. Where the raw figures are t
 rounded, it works with the interval they stand for (value +- half a unit), so a published
 rounding is only called wrong when no value consistent with the inputs could produce it.
 
+A protocol v3 point (`protocol_version: 3`) states its multiplier as a ratio of *means* of paired
+repeats (specledger.stats), so its multipliers are checked against the means; earlier points keep
+the ratio of medians. The `resolution` finding says which multiplier tolerance the committed v3
+intervals can resolve at all with the protocol's most repeats.
+
 Severity: in measured (and planned) ledgers an inconsistency is an `error`, since this suite
 wrote the figures; in reference ledgers it is a `warning`, since the ledger faithfully encodes
 a publication that disagrees with itself. "This rounding holds" is `info`. No vLLM here.
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
 
-from specledger import theory
+from specledger import stats, theory
 from specledger.schema import Ledger, LedgerError, Problem, iter_ledger_paths, json_path, load_ledger
 
 __all__ = [
@@ -123,6 +128,30 @@ def _is_number(x: Any) -> bool:
 # --------------------------------------------------------------------------------------------
 
 
+def _is_v3(point: Mapping[str, Any]) -> bool:
+    """Measured with protocol v3: its multipliers are ratios of means with bootstrap intervals."""
+    return point.get("protocol_version") == 3
+
+
+def _centre(thr: Mapping[str, Any] | None, v3: bool) -> float | None:
+    """The throughput a multiplier divides: for v3 the mean (of the repeats, the rawer figure, else as
+    stated: both within half a unit of the exact mean), else the median."""
+    thr = thr or {}
+    if not v3:
+        return thr.get("median")
+    return statistics.fmean(thr["repeats"]) if thr.get("repeats") else thr.get("mean")
+
+
+def _where(point: Mapping[str, Any]) -> str:
+    """A point's conditions for a message: copy, T=0.0, c=16."""
+    return f"{point['workload']}, T={point.get('temperature')}, c={point.get('concurrency')}"
+
+
+def _pct_up(share: float) -> int:
+    """The whole percent strictly above `share` (the smallest round tolerance a half-width stays under)."""
+    return math.floor(share * 100 + 1e-9) + 1
+
+
 def _cv(values: Sequence[float]) -> float | None:
     """Coefficient of variation of repeats (None below two repeats or at a zero mean)."""
     if len(values) < 2 or statistics.fmean(values) <= 0:
@@ -195,6 +224,8 @@ class _Audit:
                 ):
                     if field in result:
                         self.multiplier([*parts, field], point, arm_name, base, result[field], rounding)
+                if _is_v3(point):
+                    self.intervals(parts, result)
                 low_high = result.get("multiplier_range")
                 if low_high is not None and low_high[0] > low_high[1]:
                     self.add([*parts, "multiplier_range"], "range-order", f"range {low_high} runs backwards")
@@ -214,8 +245,24 @@ class _Audit:
                         f"{_num(per_step)} draft tokens per step exceeds num_speculative_tokens {k}",
                     )
 
+    def intervals(self, parts: Parts, result: dict[str, Any]) -> None:
+        """A v3 interval holds the value it bounds (both rounded alike, so rounding cannot push it out)."""
+        thr = result.get("output_tokens_per_s") or {}
+        for field_parts, interval, value, what in (
+            (["output_tokens_per_s", "ci95"], thr.get("ci95"), thr.get("mean"), "mean"),
+            (["multiplier_ci95"], result.get("multiplier_ci95"), result.get("multiplier"), "multiplier"),
+            (["multiplier_vs_matched_ci95"], result.get("multiplier_vs_matched_ci95"),
+             result.get("multiplier_vs_matched"), "multiplier_vs_matched"),
+        ):
+            if interval is None or value is None or len(interval) != 2:
+                continue
+            low, high = interval
+            if not low - _eps(low) <= value <= high + _eps(high):
+                self.add([*parts, *field_parts], "interval",
+                         f"interval {_num(low)}..{_num(high)} does not hold the {what} {_num(value)} it bounds")
+
     def throughput(self, parts: Parts, thr: dict[str, Any], decimals: int) -> None:
-        """median/min/max agree with the repeats (each side rounded: one unit of slack) and are ordered."""
+        """median/min/max (and mean) agree with the repeats (each side rounded: one unit of slack), ordered."""
         median, low, high, repeats = thr.get("median"), thr.get("min"), thr.get("max"), thr.get("repeats")
         unit = 10.0**-decimals
         if repeats:
@@ -223,6 +270,7 @@ class _Audit:
                 ("median", statistics.median(repeats)),
                 ("min", min(repeats)),
                 ("max", max(repeats)),
+                ("mean", statistics.fmean(repeats)),
             ):
                 stated = thr.get(field)
                 if stated is not None and abs(stated - exact) > unit + _eps(exact):
@@ -245,16 +293,18 @@ class _Audit:
         stated: float,
         rounding: dict[str, int],
     ) -> None:
-        """A stated multiplier must be a rounding of (arm median / baseline median)."""
-        spec = point["arms"][arm_name].get("output_tokens_per_s", {}).get("median")
+        """A stated multiplier must be a rounding of (arm median / baseline median); of means for v3."""
+        v3 = _is_v3(point)
+        spec = _centre(point["arms"][arm_name].get("output_tokens_per_s"), v3)
         base_result = point["arms"].get(base, {}) if base else {}
-        base_median = base_result.get("output_tokens_per_s", {}).get("median")
+        base_median = _centre(base_result.get("output_tokens_per_s"), v3)
+        centre = "mean" if v3 else "median"
         if spec is None or base_median is None:
             return
         decimals, tps = rounding["multiplier"], rounding["output_tokens_per_s"]
         if base_median <= 0:
             self.add(
-                parts, "multiplier-ratio", f"baseline arm {base!r} has median {_num(base_median)}: no ratio"
+                parts, "multiplier-ratio", f"baseline arm {base!r} has {centre} {_num(base_median)}: no ratio"
             )
             return
         lo, hi = ratio_interval(spec, tps, base_median, tps)
@@ -266,7 +316,7 @@ class _Audit:
         else:
             message += (
                 f"does not hold at {_decimals_word(decimals)} "
-                f"(medians rounded to {_decimals_word(tps)} allow {lo:.4f}..{hi:.4f})"
+                f"({centre}s rounded to {_decimals_word(tps)} allow {lo:.4f}..{hi:.4f})"
             )
         self.verdict(parts, "multiplier-ratio", holds, message, info=self.reference)
 
@@ -645,10 +695,9 @@ class _Audit:
         result = point["arms"][arm]
         if metric == "multiplier":
             base = self.ledger.baseline_arm_for(arm)
-            spec = result.get("output_tokens_per_s", {}).get("median")
-            base_median = (
-                point["arms"].get(base, {}).get("output_tokens_per_s", {}).get("median") if base else None
-            )
+            v3 = _is_v3(point)
+            spec = _centre(result.get("output_tokens_per_s"), v3)
+            base_median = _centre(point["arms"].get(base, {}).get("output_tokens_per_s"), v3) if base else None
             if spec is not None and base_median:
                 d = rounding["output_tokens_per_s"]
                 lo, hi = ratio_interval(spec, d, base_median, d)
@@ -744,6 +793,55 @@ class _Audit:
                      f"{_noise_source(arm['name'], cv_spec, pooled(arm['name'], engine_cvs))}",
                      "info" if rotating else "warning")
 
+    # -- which tolerances the v3 intervals can resolve -----------------------------------------
+
+    def resolution(self) -> None:
+        """Can a verification settle ±multiplier_rel at all, given the committed v3 intervals?
+
+        A verdict holds only when the change's whole interval fits inside the tolerance, and the
+        committed interval's width enters that interval however many fresh repeats there are
+        (stats.predicted_change_half_width). So per speculative arm: the committed multiplier
+        half-widths over the v3 points (median and worst), and whether the tolerance can be
+        resolved at protocol.repeats.max fresh repeats, else the smallest tolerance that can.
+        """
+        tol = self.ledger.tolerances["multiplier_rel"]
+        protocol = self.ledger.data.get("protocol") or {}
+        max_repeats = (protocol.get("repeats") or {}).get("max")
+        for i, arm in enumerate(self.ledger.arms):
+            if arm["role"] not in ("speculative", "policy"):
+                continue
+            # (committed half-width, predicted change half-width, committed repeats, resolvable, point)
+            rows: list[tuple[float, float, int, bool, dict[str, Any]]] = []
+            for point in self.ledger.points:
+                result = point["arms"].get(arm["name"]) or {}
+                interval, m = result.get("multiplier_ci95"), result.get("multiplier")
+                n = len((result.get("output_tokens_per_s") or {}).get("repeats") or [])
+                if not _is_v3(point) or interval is None or not m or m <= 0 or n < 2:
+                    continue
+                h = (interval[1] - interval[0]) / 2 / m
+                fresh = max_repeats or n  # no protocol stated: a verification repeats what was recorded
+                rows.append((h, stats.predicted_change_half_width(h, n, fresh), n,
+                             stats.resolvable(h, n, fresh, tol), point))
+            if not rows:
+                continue
+            fresh = max_repeats or max(n for _, _, n, _, _ in rows)
+            ok = sum(row[3] for row in rows)
+            h_median = statistics.median(row[0] for row in rows)
+            p_median = statistics.median(row[1] for row in rows)
+            h_worst, p_worst, n_worst, _, worst = max(rows, key=lambda row: row[1])
+            message = (f"committed multiplier 95% CI half-width ±{h_median:.1%} at the median of {len(rows)} v3 "
+                       f"points, ±{h_worst:.1%} at the worst ({_where(worst)}; {n_worst} repeats); a verification "
+                       f"with {fresh} fresh repeats predicts the change known to ±{p_median:.1%} (median point) "
+                       f"and ±{p_worst:.1%} (worst), against a tolerance of ±{tol:.0%}: ")
+            if ok == len(rows):
+                self.add(["arms", i], "resolution", message + "resolvable at every point", "info")
+                continue
+            self.add(["arms", i], "resolution",
+                     message + f"resolvable at only {ok} of {len(rows)} points (elsewhere a re-run of an unchanged "
+                     f"machine comes out inconclusive); ±{_pct_up(p_worst)}% would be resolvable at every point "
+                     f"(±{_pct_up(p_median)}% at the median one), or record with more repeats",
+                     "warning")
+
     def run(self) -> list[Finding]:
         self.points()
         self.kv_cache()
@@ -751,6 +849,7 @@ class _Audit:
         self.claims()
         self.mix()
         self.noise()
+        self.resolution()
         return self.findings
 
 
@@ -762,15 +861,16 @@ _ANY = object()
 
 
 def point_multiplier(ledger: Ledger, point: dict[str, Any], arm: str) -> float | None:
-    """The arm's multiplier at a point: as stated, else the ratio of medians, else None."""
+    """The arm's multiplier at a point: as stated, else the ratio of medians (means for v3), else None."""
     result = point["arms"].get(arm)
     if result is None:
         return None
     if result.get("multiplier") is not None:
         return result["multiplier"]
     base = ledger.baseline_arm_for(arm)
-    spec = result.get("output_tokens_per_s", {}).get("median")
-    base_median = point["arms"].get(base, {}).get("output_tokens_per_s", {}).get("median") if base else None
+    v3 = _is_v3(point)
+    spec = _centre(result.get("output_tokens_per_s"), v3)
+    base_median = _centre(point["arms"].get(base, {}).get("output_tokens_per_s"), v3) if base else None
     if spec is not None and base_median:
         return spec / base_median
     return None

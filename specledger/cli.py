@@ -521,6 +521,86 @@ def cmd_watch(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _migrate_arguments(parser: argparse.ArgumentParser) -> None:
+    _paths_argument(parser)
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--in-place", action="store_true", help="rewrite each ledger where it is")
+    where.add_argument("-o", "--out", metavar="DIR", help="write the migrated ledgers into DIR (an existing folder)")
+    parser.add_argument("--force", action="store_true", help="with -o: replace ledgers that already exist in DIR")
+
+
+@command(
+    "migrate",
+    "rewrite schema version 1 ledgers as version 2 (points marked protocol_version 1, no figure changed); "
+    "without --in-place or -o, print the one ledger given",
+    _migrate_arguments,
+)
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from specledger.migrate import migrate_file
+    from specledger.schema import write_ledger
+
+    to_stdout = not args.in_place and args.out is None
+    if args.force and args.out is None:
+        raise _UsageError("--force applies to -o DIR only")
+    out = Path(args.out) if args.out is not None else None
+    if out is not None and not out.is_dir():
+        what = "is not a directory" if out.exists() else "no such directory (create it first)"
+        raise _UsageError(f"-o {args.out}: {what}")
+    paths = _ledger_paths(args.paths)
+    if to_stdout and len(paths) != 1:
+        raise _UsageError(f"printing takes one ledger, got {len(paths)}: use --in-place or -o DIR for several")
+    migrations, invalid = [], 0
+    for path in paths:  # every ledger migrates in memory first, so one that does not load stops all writes
+        try:
+            migrations.append(migrate_file(path))
+        except LedgerError as e:
+            invalid += 1
+            for problem in e.problems:
+                print(problem, file=sys.stderr)
+    if invalid:
+        print(f"{invalid} ledger(s) do not load; nothing written", file=sys.stderr)
+        return EXIT_PROBLEMS
+    if to_stdout:
+        (migration,) = migrations
+        if migration.already_current:
+            print(f"{migration.path}: already v2", file=sys.stderr)
+            sys.stdout.write(migration.path.read_text(encoding="utf-8"))
+        else:
+            sys.stdout.write(migration.text())
+        return EXIT_OK
+    targets = {m.path: (out / m.path.name if out is not None else m.path) for m in migrations}
+    pending = [m for m in migrations if not m.already_current]
+    if out is not None:
+        names = [targets[m.path].name for m in pending]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise _UsageError(f"-o {args.out}: several ledgers would be written as {', '.join(twice)}")
+        existing = [str(targets[m.path]) for m in pending if targets[m.path].exists()]
+        if existing and not args.force:
+            raise _UsageError(f"{', '.join(existing)} exist(s) (use --force to replace)")
+    created: list[Path] = []
+    try:
+        for migration in pending:
+            target = targets[migration.path]
+            existed = target.exists()
+            write_ledger(target, migration.data or {}, overwrite=args.in_place or args.force)
+            if not existed:
+                created.append(target)
+    except OSError as e:
+        for path in created:  # -o creates all of its files or none
+            path.unlink(missing_ok=True)
+        raise _UsageError(f"cannot write {target}: {e.strerror or e}") from None
+    for migration in migrations:
+        target = targets[migration.path]
+        if migration.already_current:
+            print(f"{migration.path}: already v2" + ("" if out is None else " (not written)"))
+        else:
+            arrow = "" if out is None else f" -> {target}"
+            print(f"{migration.path}{arrow}: migrated to v2 ({migration.points_marked} point(s) "
+                  "marked protocol_version 1)")
+    return EXIT_OK
+
+
 # --------------------------------------------------------------------------------------------
 # dispatch
 # --------------------------------------------------------------------------------------------

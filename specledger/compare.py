@@ -1,9 +1,12 @@
 """Verify a fresh measurement against a committed point: pure, so it is unit-tested without engines.
 
-Multiplier is compared relatively (it is a ratio of two noisy throughputs), acceptance
-length absolutely (tokens per step; at temperature 0 it is nearly deterministic).
-Failure messages show measured, committed, tolerance and the repeat spread of both,
-since a verifier's first question is whether the tolerance or the measurement is wrong.
+Speed figures (multiplier, an arm's tokens/s) get a three-way verdict from ``specledger.stats``,
+as Criterion.rs decides regressions: the 95% CI of the change against the committed figure
+lies inside the tolerance band (holds), wholly outside it (changed: the test fails and names
+the direction), or across its edge (inconclusive: more repeats first, then a distinct outcome).
+They are comparable only where the machine fingerprint and the protocol version match the
+recording's; elsewhere they are shown, never asserted. Acceptance length does not depend on
+speed, so it is asserted everywhere, absolutely (tokens per step; at T=0 nearly deterministic).
 """
 
 from __future__ import annotations
@@ -13,11 +16,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from specledger import stats
 from specledger.schema import Ledger
+
+#: Outcomes of a verification, worst first.
+OUTCOMES = ("failed", "changed", "inconclusive", "not comparable", "holds")
 
 
 @dataclass(frozen=True)
 class Check:
+    """An exact bar (acceptance length, the policy bar): inside [low, high] or not."""
+
     metric: str
     committed: float
     measured: float
@@ -36,18 +45,141 @@ class Check:
                 f"(tolerance {self.tolerance}: {self.low:.3f}..{self.high:.3f}) {verdict}")
 
 
+@dataclass(frozen=True)
+class FigureVerdict:
+    """A speed figure's verdict: fresh and committed estimates, and the verdict on their change."""
+
+    metric: str
+    fresh: stats.Estimate
+    committed: stats.Estimate
+    verdict: stats.Verdict
+
+    def line(self) -> str:
+        return (f"{self.metric}: fresh {self.fresh.value:.3f} ({self.fresh.low:.3f}..{self.fresh.high:.3f}), "
+                f"committed {self.committed.value:.3f} ({self.committed.low:.3f}..{self.committed.high:.3f}); "
+                f"{self.verdict.line()}")
+
+
 @dataclass
 class Comparison:
     checks: list[Check] = field(default_factory=list)
+    figures: list[FigureVerdict] = field(default_factory=list)
+    not_comparable: str | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
+    def outcome(self) -> str:
+        """failed (an exact bar missed), changed, inconclusive, not comparable, or holds."""
+        if not all(c.ok for c in self.checks):
+            return "failed"
+        if self.not_comparable is None:
+            outcomes = {f.verdict.outcome for f in self.figures}
+            if "changed" in outcomes:
+                return "changed"
+            if "inconclusive" in outcomes:
+                return "inconclusive"
+            return "holds"
+        return "not comparable"
+
+    @property
     def ok(self) -> bool:
-        return all(c.ok for c in self.checks)
+        """Nothing that is asserted failed (inconclusive and not comparable are not failures by default)."""
+        return self.outcome not in ("failed", "changed")
+
+    @property
+    def repeats_needed(self) -> int | None:
+        needs = [f.verdict.repeats_needed for f in self.figures
+                 if f.verdict.outcome == "inconclusive" and f.verdict.repeats_needed]
+        return max(needs) if needs else None
+
+    def figure(self, metric: str) -> FigureVerdict | None:
+        return next((f for f in self.figures if f.metric == metric), None)
 
     def message(self, test_id: str) -> str:
-        head = f"{test_id}: {'within' if self.ok else 'outside'} the ledger's tolerance"
-        return "\n".join([head, *("  " + c.line() for c in self.checks), *("  " + n for n in self.notes)])
+        head = f"{test_id}: {self.outcome}"
+        if self.not_comparable:
+            head += f" (speed figures shown, not asserted: {self.not_comparable})"
+        return "\n".join([head, *("  " + c.line() for c in self.checks),
+                          *("  " + f.line() for f in self.figures), *("  " + n for n in self.notes)])
+
+
+def _repeats(point: Mapping[str, Any], arm: str | None) -> list[float] | None:
+    tps = ((point.get("arms") or {}).get(arm) or {}).get("output_tokens_per_s") or {} if arm else {}
+    values = tps.get("repeats")
+    return [float(v) for v in values] if values and len(values) >= 2 else None
+
+
+def speed_verdicts(ledger: Ledger, arm: str, committed: Mapping[str, Any], measured: Mapping[str, Any]
+                   ) -> list[FigureVerdict]:
+    """Multiplier (speculative arms) and the arm's own tokens/s, each fresh vs committed with its CI."""
+    tol = ledger.tolerances
+    out: list[FigureVerdict] = []
+    mine_f, mine_c = _repeats(measured, arm), _repeats(committed, arm)
+    base = ledger.baseline_arm_for(arm) if ledger.arm(arm)["role"] in ("speculative", "policy") else None
+    base_f, base_c = _repeats(measured, base), _repeats(committed, base)
+    if mine_f and mine_c and base_f and base_c and len(mine_f) == len(base_f) and len(mine_c) == len(base_c):
+        change = stats.multiplier_change(mine_f, base_f, mine_c, base_c)
+        committed_m = stats.multiplier_estimate(mine_c, base_c)
+        out.append(FigureVerdict("multiplier", stats.multiplier_estimate(mine_f, base_f), committed_m,
+                                 stats.verdict(change, float(tol["multiplier_rel"]), n_fresh=len(mine_f),
+                                               committed_half_width_rel=committed_m.half_width_rel)))
+    if mine_f and mine_c:
+        change = stats.throughput_change(mine_f, mine_c)
+        committed_t = stats.mean_estimate(mine_c)
+        out.append(FigureVerdict(f"{arm} output tokens/s", stats.mean_estimate(mine_f), committed_t,
+                                 stats.verdict(change, float(tol["output_tokens_per_s_rel"]), n_fresh=len(mine_f),
+                                               committed_half_width_rel=committed_t.half_width_rel)))
+    return out
+
+
+def compare_point(ledger: Ledger, arm: str, committed: Mapping[str, Any], measured: Mapping[str, Any],
+                  *, not_comparable: str | None = None) -> Comparison:
+    """Everything a verifier asks of one arm at one point; ``not_comparable`` says why speed is only shown."""
+    tol = ledger.tolerances
+    result = Comparison()
+    c_arm, m_arm = committed["arms"].get(arm), measured["arms"].get(arm)
+    if c_arm is None or m_arm is None:
+        result.checks.append(Check("arm present", 1.0, 0.0, 1.0, 1.0, f"arm {arm!r} missing"))
+        return result
+    c_version = int(committed.get("protocol_version", 1))
+    m_version = int(measured.get("protocol_version", 1))
+    if c_version != m_version:
+        not_comparable = (f"committed with protocol v{c_version}, measured with v{m_version}"
+                          + (f"; {not_comparable}" if not_comparable else ""))
+    result.not_comparable = not_comparable
+    result.figures = speed_verdicts(ledger, arm, committed, measured)
+    c_acc, m_acc = c_arm.get("acceptance") or {}, m_arm.get("acceptance") or {}
+    if c_acc.get("acceptance_length") is not None:
+        absl = float(tol["acceptance_length_abs"])
+        c = float(c_acc["acceptance_length"])
+        m = m_acc.get("acceptance_length")
+        if m is None:
+            result.checks.append(Check("acceptance_length", c, float("nan"), c - absl, c + absl,
+                                       "no drafts were counted in the measurement"))
+        else:
+            result.checks.append(Check("acceptance_length", c, float(m), c - absl, c + absl, f"±{absl:g}"))
+    if ledger.arm(arm)["role"] == "policy":
+        bar = policy_bar(ledger, arm, measured)
+        if bar is not None:
+            result.checks.append(bar)
+    same = m_arm.get("lossless")
+    if same:
+        result.notes.append(f"lossless at T=0: {same['identical']}/{same['requests_compared']} requests identical "
+                            f"to the baseline" + (f", first divergence {same['first_divergence']}"
+                                                   if same.get("first_divergence") else ""))
+    base = ledger.baseline_arm_for(arm)
+    for label, point in (("measured", measured), ("committed", committed)):
+        parts = []
+        for name in dict.fromkeys(n for n in (arm, base) if n):
+            s = spread(point["arms"].get(name))
+            if s is not None:
+                med = point["arms"][name]["output_tokens_per_s"]["median"]
+                engine = engine_spread(point["arms"][name])
+                inside = f"; engine time per request {engine:.1%}" if engine is not None else ""
+                parts.append(f"{name} {med:.1f} tok/s (repeat spread {s:.1%}{inside})")
+        if parts:
+            result.notes.append(f"{label}: " + ", ".join(parts))
+    return result
 
 
 def spread(arm_result: Mapping[str, Any] | None) -> float | None:
@@ -67,48 +199,6 @@ def engine_spread(arm_result: Mapping[str, Any]) -> float | None:
     if len(times) < 2 or statistics.median(times) <= 0:
         return None
     return (max(times) - min(times)) / statistics.median(times)
-
-
-def compare_point(ledger: Ledger, arm: str, committed: Mapping[str, Any], measured: Mapping[str, Any]
-                  ) -> Comparison:
-    tol = ledger.tolerances
-    result = Comparison()
-    c_arm, m_arm = committed["arms"].get(arm), measured["arms"].get(arm)
-    if c_arm is None or m_arm is None:
-        result.checks.append(Check("arm present", 1.0, 0.0, 1.0, 1.0, f"arm {arm!r} missing"))
-        return result
-    if c_arm.get("multiplier") is not None and m_arm.get("multiplier") is not None:
-        rel = float(tol["multiplier_rel"])
-        c = float(c_arm["multiplier"])
-        result.checks.append(Check("multiplier", c, float(m_arm["multiplier"]), c * (1 - rel), c * (1 + rel),
-                                   f"±{rel:.0%}"))
-    c_acc, m_acc = c_arm.get("acceptance") or {}, m_arm.get("acceptance") or {}
-    if c_acc.get("acceptance_length") is not None:
-        absl = float(tol["acceptance_length_abs"])
-        c = float(c_acc["acceptance_length"])
-        m = m_acc.get("acceptance_length")
-        if m is None:
-            result.checks.append(Check("acceptance_length", c, float("nan"), c - absl, c + absl,
-                                       "no drafts were counted in the measurement"))
-        else:
-            result.checks.append(Check("acceptance_length", c, float(m), c - absl, c + absl, f"±{absl:g}"))
-    if ledger.arm(arm)["role"] == "policy":
-        bar = policy_bar(ledger, arm, measured)
-        if bar is not None:
-            result.checks.append(bar)
-    base = ledger.baseline_arm_for(arm)
-    for label, point in (("measured", measured), ("committed", committed)):
-        parts = []
-        for name in (arm, base):
-            s = spread(point["arms"].get(name)) if name else None
-            if s is not None:
-                med = point["arms"][name]["output_tokens_per_s"]["median"]
-                engine = engine_spread(point["arms"][name])
-                inside = f"; engine time per request {engine:.1%}" if engine is not None else ""
-                parts.append(f"{name} {med:.1f} tok/s (repeat spread {s:.1%}{inside})")
-        if parts:
-            result.notes.append(f"{label}: " + ", ".join(parts))
-    return result
 
 
 def policy_bar(ledger: Ledger, arm: str, point: Mapping[str, Any]) -> Check | None:

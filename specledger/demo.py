@@ -32,7 +32,10 @@ def default_ledger(root: Path = REPO_ROOT) -> Path:
 
 
 def _progress(message: str) -> None:
-    print(f"[specledger {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    line = f"[specledger {time.strftime('%H:%M:%S')}] {message}"
+    from tqdm import tqdm
+
+    tqdm.write(line, file=sys.stderr)  # above the sweep's progress bar, not through it
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure only these concurrencies (repeatable)")
     args = parser.parse_args(argv)
 
+    from tqdm import tqdm
+
     from specledger.session import SuiteSession  # imports the engine layer only when measuring
 
     path = args.ledger or default_ledger()
@@ -54,16 +59,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{path}: nothing to measure (no sweep grid, or no point at the chosen concurrencies)",
               file=sys.stderr)
         return 2
+    if args.out.resolve() == path.resolve().parent:
+        print(f"--out {args.out}: that is the committed ledger's folder; the demo never writes over it",
+              file=sys.stderr)
+        return 2
     _progress(f"measuring {len(keys)} points of {committed.id} ({path}); engines start first, this takes minutes")
+    # Fixed repeats (no adaptive additions), so the demo's length is known; its verdicts say when 5 are too few.
     session = SuiteSession(root=REPO_ROOT, record=True, out_dir=args.out, progress=_progress,
-                           command="specledger demo " + " ".join(argv or []))
+                           command="specledger demo " + " ".join(argv or []), adaptive=False, force_busy=True)
     t0 = time.monotonic()
     written: Path | None = None
     try:
-        for i, key in enumerate(keys, 1):
-            _progress(f"point {i}/{len(keys)}: {key[0]} T={key[1]:g} c={key[2]}")
-            written = session.store(committed, session.measure(committed, key))
+        with tqdm(total=len(keys), desc="points", unit="point", file=sys.stderr, dynamic_ncols=True) as bar:
+            for key in keys:
+                bar.set_postfix_str(f"{key[0]}:{key[1]:g}:{key[2]}")
+                written = session.store(committed, session.measure(committed, key))
+                bar.update(1)
         summary = session.summary_lines()
+        not_comparable = session.not_comparable(committed)
     finally:
         session.close()
     fresh = load_ledger(written) if written else committed
@@ -73,24 +86,31 @@ def main(argv: list[str] | None = None) -> int:
     print(report.format_table(report.critical_table([fresh])))
     print()
     print("\n".join(summary))
-    _verdicts(committed, fresh)
+    outcomes = _verdicts(committed, fresh, not_comparable)
+    changed = [o for o in outcomes if o in ("changed", "failed")]
+    if changed:
+        print(f"\n{len(changed)} verdict(s) changed or failed against the committed {committed.id}: exit 1")
+        return 1
     return 0
 
 
-def _verdicts(committed: Ledger, fresh: Ledger) -> None:
-    """Set the fresh figures against the committed ones, point by point."""
+def _verdicts(committed: Ledger, fresh: Ledger, not_comparable: str | None) -> list[str]:
+    """Set the fresh figures against the committed ones, point by point; the outcomes."""
     if not committed.points:
         print(f"\n{committed.id}: no committed figures to compare with yet.")
-        return
+        return []
     print(f"\nAgainst the committed {committed.id}:")
+    outcomes = []
     for point in fresh.points:
         old = committed.find_point(point["workload"], point["temperature"], point["concurrency"])
         if old is None:
             continue
-        for arm in committed.speculative_arms():
-            result = compare.compare_point(committed, arm["name"], old, point)
+        for arm in committed.arms:
+            result = compare.compare_point(committed, arm["name"], old, point, not_comparable=not_comparable)
             tid = f"{committed.id}-{arm['name']}-{point['workload']}-T{point['temperature']:g}-c{point['concurrency']}"
-            print(("PASS " if result.ok else "FAIL ") + result.message(tid).replace("\n", "\n     "))
+            outcomes.append(result.outcome)
+            print(f"{result.outcome.upper():>15} " + result.message(tid).replace("\n", "\n" + " " * 16))
+    return outcomes
 
 
 if __name__ == "__main__":

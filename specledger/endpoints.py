@@ -123,20 +123,21 @@ class HTTPArm:
             last = now
         return last
 
-    def run(self, *, prompts: list[str], concurrency: int, sampling: Mapping[str, Any]) -> dict[str, Any]:
-        """Closed-loop run over streaming completions; counters and request timers are /metrics deltas."""
+    def run(self, *, prompts: list[str], concurrency: int, sampling: Mapping[str, Any], window_s: float,
+            first_index: int = 0) -> dict[str, Any]:
+        """One steady-state window over streaming completions; counters and request timers are /metrics deltas."""
         from specledger.engines import chat_token_ids  # no vLLM import at module level there
 
         token_ids = [chat_token_ids(self.tokenizer, p) for p in prompts]
         before = server_metrics.read_spec_metrics(self.base_url)
-        result = asyncio.run(self._closed_loop(token_ids, concurrency, sampling))
+        result = asyncio.run(self._window(token_ids, concurrency, sampling, window_s, first_index))
         after = self._settled_metrics()
         result["counters"] = counters.delta(before.counters, after.counters)
         result["request_time_s"] = counters.request_times(before.request_timers, after.request_timers)
         return result
 
-    async def _closed_loop(self, token_ids: list[list[int]], concurrency: int, sampling: Mapping[str, Any]
-                           ) -> dict[str, Any]:
+    async def _window(self, token_ids: list[list[int]], concurrency: int, sampling: Mapping[str, Any],
+                      window_s: float, first_index: int) -> dict[str, Any]:
         import aiohttp
 
         seed = sampling.get("seed")
@@ -145,35 +146,39 @@ class HTTPArm:
         async with aiohttp.ClientSession(timeout=timeout,
                                          connector=aiohttp.TCPConnector(limit=max(1, concurrency))) as http:
 
-            async def submit(i: int) -> int:
+            async def submit(i: int, trace: load.RequestTrace) -> None:
                 body = {
                     "model": self.served_model,
-                    "prompt": token_ids[i],
+                    "prompt": token_ids[i % len(token_ids)],
                     "max_tokens": int(sampling["max_tokens"]),
                     "temperature": float(sampling.get("temperature", 0.0)),
                     "top_p": float(sampling.get("top_p", 1.0)),
                     "ignore_eos": bool(sampling.get("ignore_eos", False)),
                     "stream": True,
                     "stream_options": {"include_usage": True},
+                    "return_token_ids": True,  # each SSE chunk names its tokens: a spec step can bring several
                 }
                 if seed is not None:
                     body["seed"] = int(seed) + i
-                return await _stream_completion(http, url, body)
+                await _stream_completion(http, url, body, trace)
 
-            return await load.closed_loop(submit, len(token_ids), concurrency)
+            return await load.steady_window(submit, concurrency=concurrency, window_s=window_s,
+                                            first_index=first_index, n_prompts=len(token_ids))
 
     def close(self) -> None:
         if self.server is not None:
             self.server.stop()
 
 
-async def _stream_completion(http: Any, url: str, body: Mapping[str, Any]) -> int:
-    """POST one streaming completion, read it to [DONE]; the output tokens the server counted."""
+async def _stream_completion(http: Any, url: str, body: Mapping[str, Any], trace: load.RequestTrace) -> None:
+    """POST one streaming completion and read it to [DONE], recording each chunk's tokens as they arrive.
+
+    Closing the connection (the window's close cancels this coroutine) makes the server abort the request.
+    """
     async with http.post(url, json=body) as response:
         if response.status != 200:
             raise EndpointError(f"{url}: HTTP {response.status}: {(await response.text())[:500]}")
         usage = None
-        chunks = 0
         async for raw in response.content:
             line = raw.decode("utf-8", "replace").strip()
             if not line.startswith("data:"):
@@ -184,13 +189,13 @@ async def _stream_completion(http: Any, url: str, body: Mapping[str, Any]) -> in
             event = json.loads(data)
             if event.get("error"):
                 raise EndpointError(f"{url}: error in stream: {event['error']}")
-            if event.get("choices"):
-                chunks += 1
+            for choice in event.get("choices") or []:
+                ids = choice.get("token_ids") or []
+                trace.add(len(ids) if ids else int(bool(choice.get("text"))), ids)
             if event.get("usage"):
                 usage = event["usage"]
     if usage is None:
         raise EndpointError(f"{url}: stream ended without usage (stream_options.include_usage unsupported?)")
-    return int(usage["completion_tokens"])
 
 
 def _info(base_url: str, served_model: str, version: str, metrics: server_metrics.SpecMetrics

@@ -161,11 +161,11 @@ class ArmEngine:
         return self._proc is not None and self._proc.is_alive()
 
     # -- commands --------------------------------------------------------------------------------------
-    def run(self, *, prompts: list[str], concurrency: int, sampling: Mapping[str, Any],
-            timeout_s: float = 1800.0) -> dict[str, Any]:
-        """Closed-loop run: send every prompt, keep ``concurrency`` in flight; returns a load.RunResult dict."""
-        return self._call({"cmd": "run", "prompts": prompts, "concurrency": concurrency,
-                           "sampling": dict(sampling)}, timeout_s)["result"]
+    def run(self, *, prompts: list[str], concurrency: int, sampling: Mapping[str, Any], window_s: float,
+            first_index: int = 0, timeout_s: float = 1800.0) -> dict[str, Any]:
+        """One steady-state window (``load.steady_window``) over ``prompts`` cycled from ``first_index``."""
+        return self._call({"cmd": "run", "prompts": prompts, "concurrency": concurrency, "window_s": window_s,
+                           "first_index": first_index, "sampling": dict(sampling)}, timeout_s + window_s)["result"]
 
     def counters(self) -> dict[str, Any]:
         """The cumulative spec-decode counters of this arm's process (for tests of the delta logic)."""
@@ -320,7 +320,7 @@ def _worker_main(conn: Any, spec: ArmSpec, parent_pid: int) -> None:
 
 
 async def _run(engine: Any, tokenizer: Any, message: Mapping[str, Any]) -> dict[str, Any]:
-    """One closed-loop run, with the counters read as deltas around it."""
+    """One steady-state window, with the counters and request timers read as deltas around it."""
     import asyncio
 
     from vllm import SamplingParams
@@ -334,24 +334,25 @@ async def _run(engine: Any, tokenizer: Any, message: Mapping[str, Any]) -> dict[
     seed = sampling.get("seed")
     run_id = f"{time.monotonic_ns():x}"
 
-    async def submit(i: int) -> int:
+    async def submit(i: int, trace: load.RequestTrace) -> None:
         params = SamplingParams(
             temperature=float(sampling.get("temperature", 0.0)),
             top_p=float(sampling.get("top_p", 1.0)),
             max_tokens=int(sampling["max_tokens"]),
             seed=None if seed is None else int(seed) + i,
             ignore_eos=bool(sampling.get("ignore_eos", False)),
-            output_kind=RequestOutputKind.FINAL_ONLY,
+            output_kind=RequestOutputKind.DELTA,  # token times from the stream, one delta per engine step
         )
-        final = None
-        async for out in engine.generate(TokensPrompt(prompt_token_ids=token_ids[i]), params,
+        async for out in engine.generate(TokensPrompt(prompt_token_ids=token_ids[i % len(token_ids)]), params,
                                          request_id=f"sl-{run_id}-{i}"):
-            final = out
-        return len(final.outputs[0].token_ids) if final is not None else 0
+            new = out.outputs[0].token_ids
+            trace.add(len(new), new)
 
     before, timers_before = read_metrics()
-    result = await load.closed_loop(submit, len(token_ids), int(message["concurrency"]))
-    # Stats of the last engine step are recorded just after its outputs are handed out.
+    result = await load.steady_window(submit, concurrency=int(message["concurrency"]),
+                                      window_s=float(message["window_s"]),
+                                      first_index=int(message.get("first_index", 0)), n_prompts=len(token_ids))
+    # Stats of the last engine step (and of the aborts) are recorded just after its outputs are handed out.
     await asyncio.sleep(0.2)
     after, timers_after = read_metrics()
     result["counters"] = counters.delta(before, after)

@@ -1,11 +1,16 @@
-"""Paired, interleaved measurement of one ledger point across all of its arms.
+"""Protocol v3: warm-up until stable, steady-state windows, paired and interleaved repeats, one point.
 
-Pairing is the point: every arm sees the same prompts in the same repeat, and arms
-alternate within a point (A B C, then C B A) so that drift of the machine (clocks,
-other tenants, a warming cache) lands on every arm alike. Counters are deltas per
-arm and per repeat, summed over the repeats of the point. With ``repeat_prompts:
-same`` every repeat also sends the same prompts, so the repeat spread is timing noise
-alone (with the default, rotate, it also carries the prompt mix).
+Pairing is the point: every arm sees the same prompts in the same repeat, and arms alternate
+within a point (A B C, then C B A), so drift of the machine (clocks, other tenants, a warming
+cache) lands on every arm alike, and repeat r of one arm pairs with repeat r of another in the
+multiplier's bootstrap (``specledger.stats``). Each repeat is one steady-state window
+(``specledger.load``). Before a point, every arm warms up at that concurrency with windows
+until two successive ones agree, since the first windows after a start or a concurrency change
+run low (ngram on the H200 was still rising over 5 repeats at c=64 after an engine-start
+warm-up). The window is sized from the warm-up: at least ``window.min_s`` seconds and at
+least ``window.min_rounds`` request latencies of the slowest arm, so c=1 and c=64 both see
+several rounds. Repeats start at ``repeats.min`` and a caller's ``more`` rule (an
+inconclusive verdict, a recording whose CI is still wide) adds pairs up to ``repeats.max``.
 """
 
 from __future__ import annotations
@@ -21,13 +26,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specledger import __version__, counters, load
-from specledger.schema import Ledger
+import numpy as np
+
+from specledger import __version__, counters, stats
+from specledger.schema import DEFAULT_PROTOCOL, Ledger
 from specledger.theory import sessions as sessions_at
-from specledger.workloads import cycle_prompts, load_workload, resolve_fixture
+from specledger.workloads import load_workload, resolve_fixture
 
 Progress = Callable[[str], None]
 DEFAULT_MAX_TOKENS = 128
+PROTOCOL_VERSION = 3
+
 
 @dataclass
 class PointMeasurement:
@@ -41,6 +50,13 @@ class PointMeasurement:
 
 def _noop(_: str) -> None:
     return None
+
+
+def protocol_for(ledger: Ledger) -> dict[str, Any]:
+    """The ledger's v3 protocol over the defaults (sub-dicts merged, so a ledger can state one knob)."""
+    own = ledger.data.get("protocol") or {}
+    return {key: ({**value, **own.get(key, {})} if isinstance(value, dict) else own.get(key, value))
+            for key, value in DEFAULT_PROTOCOL.items()}
 
 
 def prompts_for(ledger: Ledger, workload_name: str, root: Path | None = None) -> list[str]:
@@ -62,93 +78,194 @@ def sampling_for(ledger: Ledger, workload_name: str, temperature: float) -> dict
     return sampling
 
 
-def repeat_batches(prompts: Sequence[str], n: int, repeats: int, mode: str = "rotate") -> list[list[str]]:
-    """The prompts of each repeat: the same block every time ("same") or the next block ("rotate")."""
-    if mode not in ("rotate", "same"):
-        raise ValueError(f"repeat_prompts must be 'rotate' or 'same', not {mode!r}")
-    return [cycle_prompts(prompts, n, 0 if mode == "same" else r * n) for r in range(repeats)]
+def warm_up_arm(arm: Any, prompts: list[str], concurrency: int, sampling: Mapping[str, Any],
+                protocol: Mapping[str, Any], settle_s: float = 0.0) -> dict[str, Any]:
+    """Warm-up windows at this concurrency until two successive ones agree (or the cap); what it spent."""
+    warm = protocol["warmup"]
+    t0 = time.monotonic()
+    rates: list[float] = []
+    latency = None
+    converged = False
+    for _ in range(int(warm["max_windows"])):
+        time.sleep(settle_s)
+        res = arm.run(prompts=prompts, concurrency=concurrency, sampling=sampling,
+                      window_s=float(protocol["window"]["min_s"]), first_index=len(prompts) // 2)
+        rates.append(res["output_tokens_per_s"])
+        latency = res.get("request_latency_median_s") or latency
+        if len(rates) >= 2 and abs(rates[-1] - rates[-2]) <= float(warm["agree_rel"]) * max(rates[-2], 1e-9):
+            converged = True
+            break
+    return {"windows": len(rates), "seconds": round(time.monotonic() - t0, 1),
+            "output_tokens_per_s": [round(r, 1) for r in rates], "converged": converged,
+            "request_latency_s": latency}
 
 
-def warm_up(arms: Mapping[str, Any], prompts: Sequence[str], concurrencies: Sequence[int],
-            sampling: Mapping[str, Any], progress: Progress = _noop) -> None:
-    """Untimed traffic right after engine start: the first timed points otherwise run ~20% low."""
-    top = max(concurrencies)
-    for name, arm in arms.items():
-        t0 = time.monotonic()
-        arm.run(prompts=cycle_prompts(prompts, 2, 0), concurrency=1, sampling=sampling)
-        arm.run(prompts=cycle_prompts(prompts, 2 * top, 0), concurrency=top, sampling=sampling)
-        progress(f"warm-up {name}: {time.monotonic() - t0:.1f} s")
+def window_for(protocol: Mapping[str, Any], latencies_s: Sequence[float | None]) -> float:
+    """Window seconds: at least min_s, and min_rounds request latencies of the slowest arm."""
+    known = [lat for lat in latencies_s if lat]
+    rounds = float(protocol["window"]["min_rounds"]) * (max(known) if known else 0.0)
+    return round(max(float(protocol["window"]["min_s"]), rounds), 2)
+
+
+MoreRule = Callable[[dict[str, Any], int], bool]
 
 
 def measure_point(ledger: Ledger, arms: Mapping[str, Any], workload: str, temperature: float,
-                  concurrency: int, *, root: Path | None = None, progress: Progress = _noop
-                  ) -> PointMeasurement:
-    """Measure every arm at one (workload, temperature, concurrency), interleaved and paired."""
+                  concurrency: int, *, root: Path | None = None, progress: Progress = _noop,
+                  more: MoreRule | None = None) -> PointMeasurement:
+    """Measure every arm at one (workload, temperature, concurrency): warm-up, then paired windows.
+
+    ``more(point, repeats)`` is asked after the minimum repeats and after each added pair;
+    while it says yes and the cap allows, two more repeats run (one A-B, one B-A).
+    """
+    protocol = protocol_for(ledger)
     sweep = ledger.data.get("sweep", {})
-    repeats = int(sweep.get("repeats", 3))
-    rpr = sweep.get("requests_per_repeat", {})
-    n = load.requests_for(concurrency, rpr.get("multiple", 4), rpr.get("minimum", 8))
-    warmup = int(sweep.get("warmup_requests", concurrency))
     prompts = prompts_for(ledger, workload, root)
     sampling = sampling_for(ledger, workload, temperature)
-    names = list(arms)
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    t_start = time.monotonic()
-    if warmup:
-        for name in names:
-            arms[name].run(prompts=cycle_prompts(prompts, warmup, len(prompts) // 2), concurrency=concurrency,
-                           sampling=sampling)
     settle_s = float(sweep.get("settle_s", 0.0))
-    batches = repeat_batches(prompts, n, repeats, sweep.get("repeat_prompts", "rotate"))
-    for r, batch in enumerate(batches):
+    names = list(arms)
+    t_start = time.monotonic()
+    warmups: dict[str, dict[str, Any]] = {}
+    for name in names:
+        warmups[name] = warm_up_arm(arms[name], prompts, concurrency, sampling, protocol, settle_s)
+        w = warmups[name]
+        progress(f"{workload} T={temperature:g} c={concurrency} warm-up {name}: {w['windows']} windows, "
+                 f"{w['seconds']:.0f} s, tok/s {w['output_tokens_per_s']}"
+                 + ("" if w["converged"] else " (cap reached before two windows agreed)"))
+    window_s = window_for(protocol, [w["request_latency_s"] for w in warmups.values()])
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    rotate = sweep.get("repeat_prompts", "same") == "rotate"
+    min_repeats, max_repeats = int(protocol["repeats"]["min"]), int(protocol["repeats"]["max"])
+
+    def one_repeat(r: int, planned: int) -> None:
         order = names if r % 2 == 0 else list(reversed(names))
         for name in order:
             time.sleep(settle_s)
-            res = arms[name].run(prompts=batch, concurrency=concurrency, sampling=sampling)
+            res = arms[name].run(prompts=prompts, concurrency=concurrency, sampling=sampling, window_s=window_s,
+                                 first_index=(r * concurrency) % len(prompts) if rotate else 0)
             runs[name].append(res)
-            progress(f"{workload} T={temperature:g} c={concurrency} repeat {r + 1}/{repeats} {name}: "
-                     f"{res['output_tokens_per_s']:.1f} tok/s")
-    point = build_point(ledger, workload, temperature, concurrency, runs)
-    timings = {name: [{"wall_s": x["wall_s"], "output_tokens": x["output_tokens"],
+            eta = (time.monotonic() - t_start) / max(1, sum(map(len, runs.values()))) \
+                * (planned * len(names) - sum(map(len, runs.values())))
+            progress(f"{workload} T={temperature:g} c={concurrency} repeat {r + 1}/{planned} {name}: "
+                     f"{res['output_tokens_per_s']:.1f} tok/s in a {res['window_s']:.1f} s window "
+                     f"({res['requests']} requests, {res['rounds'] or 0:.1f} rounds); point ETA {eta:.0f} s")
+
+    for r in range(min_repeats):
+        one_repeat(r, min_repeats)
+    point = build_point(ledger, workload, temperature, concurrency, runs, warmups)
+    while more is not None and len(runs[names[0]]) + 2 <= max_repeats and more(point, len(runs[names[0]])):
+        n = len(runs[names[0]])
+        progress(f"{workload} T={temperature:g} c={concurrency}: {n} repeats do not settle it; 2 more "
+                 f"(cap {max_repeats})")
+        one_repeat(n, n + 2)
+        one_repeat(n + 1, n + 2)
+        point = build_point(ledger, workload, temperature, concurrency, runs, warmups)
+    point["repeats_added"] = len(runs[names[0]]) - min_repeats
+    timings = {name: [{"window_s": x["window_s"], "output_tokens": x["output_tokens"],
                        "output_tokens_per_s": x["output_tokens_per_s"]} for x in rs]
                for name, rs in runs.items()}
     return PointMeasurement((workload, float(temperature), int(concurrency)), point, timings,
                             time.monotonic() - t_start)
 
 
+def _percentiles(values: Sequence[float], digits: int = 5) -> dict[str, float] | None:
+    if not values:
+        return None
+    p50, p99 = np.percentile(np.asarray(values, dtype=float), [50, 99])
+    return {"p50": round(float(p50), digits), "p99": round(float(p99), digits)}
+
+
+def latency_figures(rs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """TTFT, TPOT and ITL at p50/p99 over a point's windows, as `vllm bench serve` reports them."""
+    out = {}
+    for name in ("ttft", "tpot", "itl"):
+        pct = _percentiles([v for x in rs for v in x.get(f"{name}_s", [])])
+        if pct is not None:
+            out[name] = pct
+    return out
+
+
+def lossless(spec_runs: Sequence[Mapping[str, Any]], base_runs: Sequence[Mapping[str, Any]]
+             ) -> dict[str, Any] | None:
+    """At T=0 speculation must not change the output: the speculative arm's tokens against the baseline's.
+
+    Compared per prompt (the first finished request of each prompt in the point's windows);
+    prompts that one arm never finished are left out.
+    """
+    def first_outputs(rs: Sequence[Mapping[str, Any]]) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
+        for x in rs:
+            for k, v in (x.get("outputs") or {}).items():
+                out.setdefault(int(k), v)
+        return out
+
+    spec, base = first_outputs(spec_runs), first_outputs(base_runs)
+    common = sorted(set(spec) & set(base))
+    if not common:
+        return None
+    identical = 0
+    first: dict[str, int] | None = None
+    for k in common:
+        a, b = spec[k], base[k]
+        if a == b:
+            identical += 1
+        elif first is None:
+            j = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+            first = {"prompt_index": k, "token_index": j}
+    return {"requests_compared": len(common), "identical": identical,
+            "identical_share": round(identical / len(common), 4), "first_divergence": first}
+
+
 def build_point(ledger: Ledger, workload: str, temperature: float, concurrency: int,
-                runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
-    """Turn raw runs into the ledger's point object, rounded as the ledger states."""
+                runs: Mapping[str, Sequence[Mapping[str, Any]]],
+                warmups: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """Turn raw windows into the ledger's v3 point object, rounded as the ledger states."""
     rounding = ledger.rounding
     r_tps, r_mult = rounding["output_tokens_per_s"], rounding["multiplier"]
     r_len, r_rate = rounding["acceptance_length"], rounding["acceptance_rate"]
-    exact_median = {name: statistics.median(x["output_tokens_per_s"] for x in rs) for name, rs in runs.items()}
+    tps = {name: [float(x["output_tokens_per_s"]) for x in rs] for name, rs in runs.items()}
     arms_out: dict[str, Any] = {}
+
+    def interval(e: stats.Estimate, digits: int) -> list[float]:
+        return [round(e.low, digits), round(e.high, digits)]
+
     for name, rs in runs.items():
-        tps = [x["output_tokens_per_s"] for x in rs]
+        values = tps[name]
+        mean = stats.mean_estimate(values)
         result: dict[str, Any] = {
             "output_tokens_per_s": {
-                "repeats": [round(v, r_tps) for v in tps],
-                "median": round(exact_median[name], r_tps),
-                "min": round(min(tps), r_tps),
-                "max": round(max(tps), r_tps),
+                "repeats": [round(v, r_tps) for v in values],
+                "median": round(statistics.median(values), r_tps),
+                "min": round(min(values), r_tps),
+                "max": round(max(values), r_tps),
+                "mean": round(mean.value, r_tps),
+                "ci95": interval(mean, r_tps),
             },
             "requests": sum(int(x["requests"]) for x in rs),
             "output_tokens": sum(int(x["output_tokens"]) for x in rs),
-            "duration_s": round(sum(float(x["wall_s"]) for x in rs), 3),
+            "duration_s": round(sum(float(x["window_s"]) for x in rs), 3),
+            "window": {"seconds": [round(float(x["window_s"]), 3) for x in rs],
+                       "ramp_s": [round(float(x["ramp_s"]), 3) for x in rs],
+                       "requests": [int(x["requests"]) for x in rs],
+                       "rounds": [round(float(x["rounds"] or 0.0), 2) for x in rs]},
         }
+        if warmups and name in warmups:
+            result["warmup"] = {k: v for k, v in warmups[name].items() if k != "request_latency_s"}
+        latency = latency_figures(rs)
+        if latency:
+            result["latency_s"] = latency
         times = [x.get("request_time_s") or {} for x in rs]
-        timed = [name for name in counters.REQUEST_TIMERS.values() if times and all(name in t for t in times)]
+        timed = [t for t in counters.REQUEST_TIMERS.values() if times and all(t in x for x in times)]
         if timed:
-            result["request_time_s"] = {name: [round(t[name], 5) for t in times] for name in timed}
+            result["request_time_s"] = {t: [round(x[t], 5) for x in times] for t in timed}
         arm = ledger.arm(name)
         if arm["role"] in ("speculative", "policy"):
-            base = ledger.baseline_arm_for(name)
-            if base in exact_median and exact_median[base] > 0:
-                result["multiplier"] = round(exact_median[name] / exact_median[base], r_mult)
-            matched = ledger.matched_baseline_for(name)
-            if matched in exact_median and exact_median[matched] > 0:
-                result["multiplier_vs_matched"] = round(exact_median[name] / exact_median[matched], r_mult)
+            for field_name, base in (("multiplier", ledger.baseline_arm_for(name)),
+                                     ("multiplier_vs_matched", ledger.matched_baseline_for(name))):
+                if base in tps and statistics.fmean(tps[base]) > 0:
+                    m = stats.multiplier_estimate(values, tps[base])
+                    result[field_name] = round(m.value, r_mult)
+                    result[f"{field_name}_ci95"] = interval(m, r_mult)
             total: dict[str, Any] = {}
             for x in rs:
                 total = counters.add(total, x["counters"])
@@ -160,9 +277,14 @@ def build_point(ledger: Ledger, workload: str, temperature: float, concurrency: 
                 acc["per_position"] = [round(v, r_rate) for v in acc["per_position"]]
                 result["acceptance"] = acc
                 result["speculative_tokens_per_step"] = round(acc["draft_tokens"] / acc["drafts"], 3)
+            base = ledger.baseline_arm_for(name)
+            if float(temperature) == 0.0 and base in runs:
+                same = lossless(rs, runs[base])
+                if same is not None:
+                    result["lossless"] = same
         arms_out[name] = result
     return {"workload": workload, "temperature": float(temperature), "concurrency": int(concurrency),
-            "arms": arms_out}
+            "protocol_version": PROTOCOL_VERSION, "arms": arms_out}
 
 
 def arm_facts(ledger: Ledger, infos: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -186,7 +308,8 @@ def arm_facts(ledger: Ledger, infos: Mapping[str, Mapping[str, Any]]) -> dict[st
 
 
 def provenance(infos: Mapping[str, Mapping[str, Any]], *, command: str | None = None,
-               wall_s: float | None = None, root: Path | None = None) -> dict[str, Any]:
+               wall_s: float | None = None, root: Path | None = None,
+               machine: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Who measured this, on what, with which code: enough to judge whether a re-run is comparable."""
     any_info = next(iter(infos.values()))
     prov: dict[str, Any] = {
@@ -199,6 +322,8 @@ def provenance(infos: Mapping[str, Mapping[str, Any]], *, command: str | None = 
         "git_commit": git_commit(root),
         "date": _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
     }
+    if machine:
+        prov["machine"] = dict(machine)
     if command:
         prov["command"] = command
     if wall_s is not None:

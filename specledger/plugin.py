@@ -32,7 +32,8 @@ RECORD_HELP = ("record: measure and write the ledgers' points (atomic; replaces 
 
 @dataclass(frozen=True)
 class LedgerPoint:
-    """One test case: a speculative (or policy) arm of a ledger at one grid point."""
+    """One test case: one arm of a ledger at one grid point (speed verdicts for every arm, and the
+    multiplier and acceptance for speculative and policy arms)."""
 
     ledger: Ledger
     arm: str
@@ -63,6 +64,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--ledger-points", default=None, metavar="W:T:C,...",
                     help="only these points, e.g. 'copy:0:1,free-form:0:2' (workload:temperature:concurrency; "
                          "'*' matches anything)")
+    group.addoption("--ledger-strict", action="store_true", default=False,
+                    help="an inconclusive point fails (default: shown as its own outcome, with its CI and the "
+                         "repeats it would need)")
+    group.addoption("--ledger-force-busy", action="store_true", default=False,
+                    help="with --ledger-record: record even when other processes use the CPU (the points are "
+                         "marked busy)")
     group.addoption("--ledger-http", action="store_true", default=False,
                     help="verify over HTTP: start one OpenAI-compatible vLLM server per arm, with flags derived "
                          "from the ledger arm, and measure through streaming completions and /metrics")
@@ -144,7 +151,7 @@ def _points(ledger: Ledger, selectors: list[PointSelector] | None = None) -> Ite
     if ledger.data.get("sweep"):
         keys += [(w, float(t), int(c)) for (w, t, c) in ledger.grid()]
     for key in sorted(k for k in set(keys) if point_selected(k, selectors)):
-        for arm in ledger.speculative_arms():
+        for arm in ledger.arms:
             yield LedgerPoint(ledger, arm["name"], *key)
 
 
@@ -196,7 +203,8 @@ def specledger(request: pytest.FixtureRequest) -> Iterator[Any]:
     session = SuiteSession(root=Path(str(config.rootpath)), record=bool(config.getoption("--ledger-record")),
                            out_dir=Path(out) if out else None, progress=progress,
                            command=" ".join(["pytest", *config.invocation_params.args]),
-                           only_missing=bool(config.getoption("--ledger-only-missing")), http=http)
+                           only_missing=bool(config.getoption("--ledger-only-missing")), http=http,
+                           force_busy=bool(config.getoption("--ledger-force-busy")))
     config.stash[_SESSION_KEY] = session
     try:
         yield session
@@ -233,7 +241,13 @@ def skip_reason(session: Any, point: LedgerPoint) -> str | None:
     return None
 
 
-def check_point(session: Any, point: LedgerPoint) -> None:
+_OUTCOME_KEY = pytest.StashKey[str]()
+#: Outcomes that pass but are not "holds": pytest shows them as their own category.
+_SHOWN_OUTCOMES = {"inconclusive": ("inconclusive", "?", "INCONCLUSIVE"),
+                   "not comparable": ("not comparable", "~", "NOT COMPARABLE")}
+
+
+def check_point(session: Any, point: LedgerPoint, item: pytest.Item | None = None) -> None:
     """Measure (once per point) and record or verify; the assertion message carries the whole story."""
     reason = skip_reason(session, point)
     if reason:
@@ -250,10 +264,32 @@ def check_point(session: Any, point: LedgerPoint) -> None:
         if bar is not None and not bar.ok:  # recorded as measured, but the schedule does not hold up
             pytest.fail(f"{point.test_id}: recorded; the policy arm misses its bar\n  {bar.line()}", pytrace=False)
         return
-    result = compare.compare_point(point.ledger, point.arm, committed, measured.point)
+    result = compare.compare_point(point.ledger, point.arm, committed, measured.point,
+                                   not_comparable=session.not_comparable(point.ledger))
     session.results.append((point.test_id, result))
-    if not result.ok:
+    if item is not None:
+        item.stash[_OUTCOME_KEY] = result.outcome
+    strict = item is not None and item.config.getoption("--ledger-strict")
+    if not result.ok or (strict and result.outcome == "inconclusive"):
         pytest.fail(result.message(point.test_id), pytrace=False)
+    if result.outcome != "holds":
+        session.progress(result.message(point.test_id))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if call.when == "call" and report.passed and _OUTCOME_KEY in item.stash:
+        report.specledger_outcome = item.stash[_OUTCOME_KEY]  # type: ignore[attr-defined]
+
+
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> tuple[str, str, str] | None:
+    """A verdict that passes without holding gets its own category in pytest's summary line."""
+    shown = getattr(report, "specledger_outcome", None)
+    if report.when == "call" and report.passed and shown in _SHOWN_OUTCOMES:
+        return _SHOWN_OUTCOMES[shown]
+    return None
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -262,38 +298,54 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         return
     for line in session.summary_lines():
         terminalreporter.write_line(line)
+    table = session.verdict_table()
+    if table:
+        terminalreporter.write_sep("=", "specledger verdicts")
+        terminalreporter.write_line(table)
 
 
 @pytest.fixture
 def ledger_check(specledger: Any, request: pytest.FixtureRequest) -> Any:
-    """Callable that checks one LedgerPoint; its timings also go to pytest-benchmark's JSON."""
+    """Callable that checks one LedgerPoint; the arm's windows become its pytest-benchmark row."""
 
     def run(point: LedgerPoint) -> None:
         reason = skip_reason(specledger, point)
         if reason:  # before the benchmark fixture: a benchmark left without data breaks its JSON report
             pytest.skip(reason)
-        has_benchmark = request.config.pluginmanager.hasplugin("benchmark")
-        benchmark = request.getfixturevalue("benchmark") if has_benchmark else None
-        if benchmark is not None:
-            # Only the measurement runs under the timer, and it never raises there: a benchmark
-            # left without data makes pytest-benchmark's JSON report crash at session end, and
-            # that crash also swallowed pytest's failure report (seen on the H200).
-            errors: list[BaseException] = []
-
-            def timed() -> None:
-                try:
-                    specledger.measure(point.ledger, point.key)
-                except Exception as exc:  # re-raised below, outside the timer
-                    errors.append(exc)
-
-            benchmark.group = point.ledger.id
-            benchmark.pedantic(timed, rounds=1, iterations=1)
+        try:
+            check_point(specledger, point, request.node)
+        finally:
             measured = specledger.cached(point.ledger, point.key)
-            if measured is not None:
-                benchmark.extra_info.update({"arm": point.arm, "point_wall_s": round(measured.wall_s, 3),
-                                             "timings": measured.timings})
-            if errors:
-                raise errors[0]
-        check_point(specledger, point)  # the measurement is cached: this records or compares it
+            if measured is not None and request.config.pluginmanager.hasplugin("benchmark"):
+                benchmark_row(request.getfixturevalue("benchmark"), point, measured)
 
     return run
+
+
+def benchmark_row(benchmark: Any, point: LedgerPoint, measured: Any) -> None:
+    """The arm's repeats as one pytest-benchmark row: seconds per output token per window (so OPS = tok/s).
+
+    pytest-benchmark has no public call for timings measured elsewhere; its own ``pedantic`` feeds
+    ``_make_stats(...).update(duration)`` per round, and so does this, one round per window, so
+    ``--benchmark-autosave`` and ``pytest-benchmark compare`` keep a run-to-run history of real figures.
+    """
+    windows = measured.timings.get(point.arm) or []
+    durations = [w["window_s"] / w["output_tokens"] for w in windows if w.get("output_tokens")]
+    if not durations or getattr(benchmark, "disabled", False) or getattr(benchmark, "_mode", None):
+        return
+    benchmark._mode = "specledger windows"  # the fixture is used once, as pedantic would mark it
+    benchmark.group = f"{point.ledger.id} {point.workload}:{point.temperature:g}:{point.concurrency}"
+    row = benchmark._make_stats(1)
+    for seconds in durations:
+        row.update(seconds)
+    res = measured.point["arms"].get(point.arm) or {}
+    info: dict[str, Any] = {"unit": "seconds per output token per window (OPS = output tokens/s)",
+                            "arm": point.arm, "point": f"{point.workload}:{point.temperature:g}:{point.concurrency}",
+                            "output_tokens_per_s_ci95": (res.get("output_tokens_per_s") or {}).get("ci95"),
+                            "point_wall_s": round(measured.wall_s, 3)}
+    for key in ("multiplier", "multiplier_ci95"):
+        if key in res:
+            info[key] = res[key]
+    if res.get("acceptance"):
+        info["acceptance_length"] = res["acceptance"]["acceptance_length"]
+    benchmark.extra_info.update(info)

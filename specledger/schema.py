@@ -1,10 +1,12 @@
 """The ledger format: JSON Schema, loading, validation errors with file + JSON path, atomic writes.
 
 A ledger is data, never code: it is parsed with `json` (no pickle, no eval), checked against
-the packaged JSON Schema and then against the rules a schema cannot express (unique names,
-references between sections). Every problem names the file and the JSON path of the value it
-is about, and all problems are collected before raising once, so one run shows everything to
-fix. This module knows nothing about vLLM.
+the packaged JSON Schema of its own `schema_version` and then against the rules a schema
+cannot express (unique names, references between sections; for version 2 also what protocol v3
+points must carry). Every problem names the file and the JSON path of the value it is about,
+and all problems are collected before raising once, so one run shows everything to fix. Version
+2 is what is written; version 1 ledgers still load (`specledger migrate` rewrites them as 2).
+This module knows nothing about vLLM.
 """
 
 from __future__ import annotations
@@ -25,10 +27,13 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 __all__ = [
+    "DEFAULT_PROTOCOL",
     "DEFAULT_ROUNDING",
     "DEFAULT_TOLERANCES",
     "SCHEMA_PATH",
+    "SCHEMA_PATHS",
     "SCHEMA_VERSION",
+    "SCHEMA_VERSIONS",
     "Ledger",
     "LedgerError",
     "Problem",
@@ -41,11 +46,33 @@ __all__ = [
     "write_ledger",
 ]
 
-SCHEMA_VERSION = 1
-#: The packaged schema file (a real path for any normal, non-zipped install).
-SCHEMA_PATH: Traversable = resources.files("specledger").joinpath(
-    f"schemas/ledger-v{SCHEMA_VERSION}.schema.json"
-)
+#: The version this specledger writes.
+SCHEMA_VERSION = 2
+#: Every version this specledger reads, oldest first; each is checked against its own schema file.
+SCHEMA_VERSIONS: tuple[int, ...] = (1, 2)
+#: The packaged schema file of each version (a real path for any normal, non-zipped install).
+SCHEMA_PATHS: Mapping[int, Traversable] = {
+    version: resources.files("specledger").joinpath(f"schemas/ledger-v{version}.schema.json")
+    for version in SCHEMA_VERSIONS
+}
+#: The schema file of the version that is written.
+SCHEMA_PATH: Traversable = SCHEMA_PATHS[SCHEMA_VERSION]
+
+#: Protocol v3's settings, for recording into a ledger that states none (copy it before changing it:
+#: it is a plain dict so that it can go into a ledger's JSON as it is).
+DEFAULT_PROTOCOL: dict[str, Any] = {
+    "version": 3,
+    "window": {"min_s": 10.0, "min_rounds": 4},
+    "warmup": {"max_windows": 4, "agree_rel": 0.1},
+    "repeats": {"min": 5, "max": 12},
+    "busy_others_cpu_share": 0.15,
+    "statistics": {
+        "confidence": 0.95,
+        "method": "BCa",
+        "n_resamples": 9999,
+        "estimator": "ratio of mean window throughput over paired repeats",
+    },
+}
 
 #: How far a verification may land from committed figures when the ledger does not say.
 DEFAULT_TOLERANCES: Mapping[str, float] = {
@@ -66,15 +93,19 @@ _MAX_MESSAGE = 240
 _PLAIN_KEY = re.compile(r"^[a-zA-Z][a-zA-Z0-9_]*$")
 
 
-@cache
-def load_schema() -> dict[str, Any]:
-    """The ledger JSON Schema (parsed once per process)."""
-    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+def load_schema(version: int = SCHEMA_VERSION) -> dict[str, Any]:
+    """The ledger JSON Schema of `version` (default: the one written), parsed once per process."""
+    return _parsed_schema(version)
 
 
 @cache
-def _validator() -> Draft202012Validator:
-    return Draft202012Validator(load_schema())
+def _parsed_schema(version: int) -> dict[str, Any]:
+    return json.loads(SCHEMA_PATHS[version].read_text(encoding="utf-8"))
+
+
+@cache
+def _validator(version: int) -> Draft202012Validator:
+    return Draft202012Validator(load_schema(version))
 
 
 def json_path(parts: Iterable[str | int]) -> str:
@@ -170,6 +201,22 @@ class Ledger:
             if workload["name"] == name:
                 return workload
         raise KeyError(f"ledger {self.id!r} has no workload {name!r}")
+
+    @property
+    def schema_version(self) -> int:
+        """The version the ledger was validated against (1 or 2)."""
+        return self.data.get("schema_version", SCHEMA_VERSION)
+
+    @property
+    def protocol(self) -> dict[str, Any] | None:
+        """The ledger's measurement `protocol` (present: it records with protocol v3), else None."""
+        protocol = self.data.get("protocol")
+        return protocol if isinstance(protocol, dict) else None
+
+    @staticmethod
+    def point_protocol_version(point: Mapping[str, Any]) -> int:
+        """The protocol a point was measured with: its `protocol_version`, absent = 1 (before v3)."""
+        return int(point.get("protocol_version", 1))
 
     def _arm_with_role(self, role: str) -> str | None:
         return next((a["name"] for a in self.arms if a["role"] == role), None)
@@ -352,10 +399,10 @@ def _shorten(message: str) -> str:
     return message if len(message) <= _MAX_MESSAGE else message[: _MAX_MESSAGE - 3] + "..."
 
 
-def _schema_problems(data: dict[str, Any], file: str) -> list[Problem]:
-    """Every JSON Schema error, sorted by path; unknown fields are reported at the field itself."""
+def _schema_problems(data: dict[str, Any], file: str, version: int) -> list[Problem]:
+    """Every error against the schema of `version`, sorted by path; unknown fields are reported at the field."""
     problems: list[Problem] = []
-    for error in sorted(_validator().iter_errors(data), key=_sort_key):
+    for error in sorted(_validator(version).iter_errors(data), key=_sort_key):
         parts = list(error.absolute_path)
         if error.validator == "additionalProperties" and error.validator_value is False:
             known = set(error.schema.get("properties", {}))
@@ -366,7 +413,7 @@ def _schema_problems(data: dict[str, Any], file: str) -> list[Problem]:
                         Problem(
                             file,
                             json_path([*parts, key]),
-                            f"unknown field {key!r} (schema version 1 has no such field)",
+                            f"unknown field {key!r} (schema version {version} has no such field)",
                         )
                     )
             continue
@@ -513,6 +560,129 @@ def _semantic_problems(data: dict[str, Any], file: str) -> list[Problem]:
     return problems
 
 
+def _interval(value: Any) -> tuple[float, float] | None:
+    """(low, high) of a two-number list, else None (the schema reports any other shape)."""
+    if isinstance(value, list) and len(value) == 2 and all(type(v) in (int, float) for v in value):
+        return value[0], value[1]
+    return None
+
+
+def _protocol_problems(data: dict[str, Any], file: str) -> list[Problem]:
+    """Version 2's rules: what a protocol v3 point must carry so that its intervals and pairing can be checked.
+
+    A point measured before v3 (protocol_version 1 or absent) keeps version 1's rules, so that every
+    version 1 ledger stays valid as version 2. Defensive about types: the schema reports those.
+    """
+    problems: list[Problem] = []
+    protocol = data.get("protocol")
+    protocol_version = protocol.get("version") if isinstance(protocol, dict) else None
+    repeats_rule = protocol.get("repeats") if isinstance(protocol, dict) else None
+    if isinstance(repeats_rule, dict):
+        low, high = repeats_rule.get("min"), repeats_rule.get("max")
+        if isinstance(low, int) and isinstance(high, int) and low > high:
+            problems.append(
+                Problem(file, json_path(["protocol", "repeats"]), f"repeats min {low} is above max {high}")
+            )
+    roles = {arm["name"]: arm.get("role") for _, arm in _named(data.get("arms"))}
+
+    points = data.get("points")
+    for i, point in enumerate(points if isinstance(points, list) else []):
+        if not isinstance(point, dict):
+            continue
+        v3 = point.get("protocol_version") == 3
+        if v3 and protocol_version != 3:
+            problems.append(
+                Problem(
+                    file,
+                    json_path(["points", i, "protocol_version"]),
+                    "a protocol_version 3 point needs the ledger's protocol (version 3) it was measured with",
+                )
+            )
+        if point.get("busy") is True and not v3:
+            problems.append(
+                Problem(
+                    file,
+                    json_path(["points", i, "busy"]),
+                    "busy: true is for protocol_version 3 points only (recorded with --ledger-force-busy)",
+                )
+            )
+        arms = point.get("arms")
+        repeat_counts: dict[str, int] = {}
+        for name, result in arms.items() if isinstance(arms, dict) else ():
+            if not isinstance(result, dict):
+                continue
+            base: list[str | int] = ["points", i, "arms", name]
+            throughput = result.get("output_tokens_per_s")
+            throughput = throughput if isinstance(throughput, dict) else {}
+            for parts, value in (
+                ([*base, "output_tokens_per_s", "ci95"], throughput.get("ci95")),
+                ([*base, "multiplier_ci95"], result.get("multiplier_ci95")),
+                ([*base, "multiplier_vs_matched_ci95"], result.get("multiplier_vs_matched_ci95")),
+            ):
+                interval = _interval(value)
+                if interval is not None and interval[0] > interval[1]:
+                    problems.append(
+                        Problem(file, json_path(parts), f"interval low {interval[0]} is above high {interval[1]}")
+                    )
+            repeats = throughput.get("repeats")
+            if isinstance(repeats, list):
+                repeat_counts[name] = len(repeats)
+                window = result.get("window")
+                for field, per_repeat in window.items() if isinstance(window, dict) else ():
+                    if isinstance(per_repeat, list) and len(per_repeat) != len(repeats):
+                        problems.append(
+                            Problem(
+                                file,
+                                json_path([*base, "window", field]),
+                                f"has {len(per_repeat)} entries for {len(repeats)} repeats (one per repeat)",
+                            )
+                        )
+            lossless = result.get("lossless")
+            if isinstance(lossless, dict):
+                identical, compared = lossless.get("identical"), lossless.get("requests_compared")
+                if isinstance(identical, int) and isinstance(compared, int) and identical > compared:
+                    problems.append(
+                        Problem(
+                            file,
+                            json_path([*base, "lossless", "identical"]),
+                            f"{identical} identical of {compared} requests compared",
+                        )
+                    )
+            if not v3:
+                continue
+            missing = [f for f in ("repeats", "mean", "ci95") if f not in throughput]
+            if missing:
+                where = [*base, "output_tokens_per_s"] if "output_tokens_per_s" in result else base
+                problems.append(
+                    Problem(
+                        file,
+                        json_path(where),
+                        f"a protocol_version 3 point needs output_tokens_per_s {', '.join(missing)} for every arm",
+                    )
+                )
+            if roles.get(name) in ("speculative", "policy") and "multiplier" in result:
+                if "multiplier_ci95" not in result:
+                    problems.append(
+                        Problem(
+                            file,
+                            json_path(base),
+                            "a speculative or policy arm with a multiplier in a protocol_version 3 point "
+                            "needs multiplier_ci95",
+                        )
+                    )
+        if v3 and len(set(repeat_counts.values())) > 1:
+            counts = ", ".join(f"{name} {n}" for name, n in repeat_counts.items())
+            problems.append(
+                Problem(
+                    file,
+                    json_path(["points", i, "arms"]),
+                    f"every arm of a protocol_version 3 point needs the same number of repeats "
+                    f"(repeat r of one arm is paired with repeat r of the others): {counts}",
+                )
+            )
+    return problems
+
+
 def parse_ledger(text: str, file: str) -> Ledger:
     """Parse and fully validate ledger text; `file` is the name every problem carries.
 
@@ -523,18 +693,20 @@ def parse_ledger(text: str, file: str) -> Ledger:
         kind = "an array" if isinstance(data, list) else f"a JSON {type(data).__name__}"
         raise LedgerError([Problem(file, "$", f"a ledger must be a JSON object, got {kind}")])
     version = data.get("schema_version", SCHEMA_VERSION)
-    if type(version) is not int or version != SCHEMA_VERSION:
+    if type(version) is not int or version not in SCHEMA_VERSIONS:
         raise LedgerError(
             [
                 Problem(
                     file,
                     "$.schema_version",
                     f"unknown schema_version {json.dumps(version)}; "
-                    f"this specledger reads version {SCHEMA_VERSION}",
+                    f"this specledger reads versions {', '.join(str(v) for v in SCHEMA_VERSIONS)}",
                 )
             ]
         )
-    problems = _schema_problems(data, file) + _semantic_problems(data, file)
+    problems = _schema_problems(data, file, version) + _semantic_problems(data, file)
+    if version >= 2:
+        problems += _protocol_problems(data, file)
     if problems:
         raise LedgerError(problems)
     return Ledger(path=Path(file), data=data)

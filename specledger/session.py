@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import copy
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specledger import engines, measure
+from specledger import compare, engines, fingerprint, measure
 from specledger.report import config_differences
 from specledger.schema import Ledger, write_ledger
 
@@ -24,10 +25,14 @@ if TYPE_CHECKING:
 Progress = Callable[[str], None]
 
 
+class BusyMachine(RuntimeError):
+    """Recording refused: other processes are using the CPU, and their load would land in the figures."""
+
+
 class SuiteSession:
     def __init__(self, *, root: Path, record: bool, out_dir: Path | None = None,
                  progress: Progress = print, command: str | None = None, only_missing: bool = False,
-                 http: HTTPMode | None = None) -> None:
+                 http: HTTPMode | None = None, force_busy: bool = False, adaptive: bool = True) -> None:
         if http is not None and record:
             raise ValueError("HTTP mode verifies only: a ledger's figures are recorded with in-process engines "
                              "(over HTTP the tokens/s include the client and server overhead)")
@@ -38,7 +43,10 @@ class SuiteSession:
         self.out_dir = out_dir
         self.progress = progress
         self.command = command
+        self.force_busy = force_busy
+        self.adaptive = adaptive
         self.results: list[tuple[str, Any]] = []
+        self._machines: dict[str, dict[str, Any] | None] = {}
         self._arms: dict[str, dict[str, Any]] = {}
         self._infos: dict[str, dict[str, Any]] = {}
         self._cache: dict[tuple[str, tuple[str, float, int]], measure.PointMeasurement] = {}
@@ -79,12 +87,6 @@ class SuiteSession:
             diffs = config_differences({n: i["effective_config"] for n, i in self._infos[ledger.id].items()})
             for key, values in diffs.items():
                 self.progress(f"{ledger.id}: arms differ in {key}: {values}")
-            first = next(iter(ledger.grid()), None) or measure_first_key(ledger)
-            if first is not None:
-                prompts = measure.prompts_for(ledger, first[0], self.root)
-                sampling = measure.sampling_for(ledger, first[0], 0.0)
-                concurrencies = sorted({key[2] for key in ledger.grid()} or {first[2]})
-                measure.warm_up(arms, prompts, concurrencies, sampling, self.progress)
         return self._arms[ledger.id]
 
     def arm_failure(self, ledger: Ledger, arm: str) -> BaseException | None:
@@ -98,18 +100,77 @@ class SuiteSession:
     def cached(self, ledger: Ledger, key: tuple[str, float, int]) -> measure.PointMeasurement | None:
         return self._cache.get((ledger.id, key))
 
+    def machine(self, ledger: Ledger) -> dict[str, Any] | None:
+        """This machine's fingerprint as the ledger's engines see it (None over HTTP: the server's is unknown)."""
+        if ledger.id not in self._machines:
+            infos = self._infos.get(ledger.id) or {}
+            info = next(iter(infos.values()), None)
+            self._machines[ledger.id] = None if self.http is not None or not info else fingerprint.machine_fingerprint(
+                accelerator=info.get("accelerator"), engine=info.get("engine"), torch_version=info.get("torch_version"))
+        return self._machines[ledger.id]
+
+    def not_comparable(self, ledger: Ledger) -> str | None:
+        """Why this run's speed figures cannot be set against the ledger's (None: they can)."""
+        if self.http is not None:
+            return "measured over HTTP (tokens/s include the client and the server's API process)"
+        current = self.machine(ledger)
+        if current is None:
+            return None
+        diff = fingerprint.differences((ledger.data.get("provenance") or {}).get("machine"), current)
+        return f"another machine: {fingerprint.describe_differences(diff)}" if diff else None
+
+    def _more_rule(self, ledger: Ledger, key: tuple[str, float, int]) -> measure.MoreRule | None:
+        """When a point gets more repeats: an inconclusive verdict (verify), or a CI wider than half the band (record)."""
+        if not self.adaptive:
+            return None
+        spec_arms = [a["name"] for a in ledger.speculative_arms()]
+        if self.record:
+            half = float(ledger.tolerances["multiplier_rel"]) / 2
+
+            def wide(point: dict[str, Any], _: int) -> bool:
+                for name in spec_arms:
+                    res = point["arms"].get(name) or {}
+                    lo, hi = res.get("multiplier_ci95") or (None, None)
+                    if lo is not None and res.get("multiplier") and (hi - lo) / 2 / res["multiplier"] > half:
+                        return True
+                return False
+
+            return wide
+        committed = ledger.find_point(*key)
+        if committed is None or self.not_comparable(ledger) is not None:
+            return None
+
+        def unsettled(point: dict[str, Any], _: int) -> bool:
+            return any(compare.compare_point(ledger, a["name"], committed, point).outcome == "inconclusive"
+                       for a in ledger.arms if a["name"] in point["arms"] and a["name"] in committed["arms"])
+
+        return unsettled
+
     def measure(self, ledger: Ledger, key: tuple[str, float, int]) -> measure.PointMeasurement:
         cache_key = (ledger.id, key)
         if cache_key not in self._cache:
             arms = self.arms_for(ledger)
-            self._cache[cache_key] = measure.measure_point(ledger, arms, *key, root=self.root,
-                                                           progress=self.progress)
-            m = self._cache[cache_key]
+            threshold = float(measure.protocol_for(ledger)["busy_others_cpu_share"])
+            before = fingerprint.sample_load(1.0)
+            busy = fingerprint.is_busy(before, threshold)
+            if busy:
+                message = fingerprint.busy_message(before, threshold, top=fingerprint.top_other_processes())
+                if self.record and not self.force_busy:
+                    raise BusyMachine(f"{ledger.id} {key[0]}:{key[1]:g}:{key[2]}: not recorded: {message}")
+                self.progress(f"{ledger.id}: WARNING {message}")
+            m = measure.measure_point(ledger, arms, *key, root=self.root, progress=self.progress,
+                                      more=self._more_rule(ledger, key))
+            after = fingerprint.sample_load(1.0)
+            m.point["load"] = {"before": before.as_json(), "after": after.as_json()}
+            if busy:
+                m.point["busy"] = True
+            self._cache[cache_key] = m
             summary = ", ".join(
-                f"{name} x{res['multiplier']:.2f}" + (f" L={res['acceptance']['acceptance_length']:.2f}"
-                                                       if res.get("acceptance") else "")
+                f"{name} x{res['multiplier']:.2f} ({res['multiplier_ci95'][0]:.2f}..{res['multiplier_ci95'][1]:.2f})"
+                + (f" L={res['acceptance']['acceptance_length']:.2f}" if res.get("acceptance") else "")
                 for name, res in m.point["arms"].items() if "multiplier" in res)
-            self.progress(f"{ledger.id} {key[0]} T={key[1]:g} c={key[2]}: {summary} ({m.wall_s:.1f} s)")
+            self.progress(f"{ledger.id} {key[0]} T={key[1]:g} c={key[2]}: {summary} ({m.wall_s:.1f} s, "
+                          f"{m.point['repeats_added']} repeats added)")
         return self._cache[cache_key]
 
     # -- recording ---------------------------------------------------------------------------------------
@@ -129,8 +190,11 @@ class SuiteSession:
         for arm in data["arms"]:
             arm.update(facts.get(arm["name"], {}))
         data["status"] = "measured"
+        data["schema_version"] = 2
+        data["protocol"] = measure.protocol_for(working)
         data["provenance"] = measure.provenance(self._infos[ledger.id], command=self.command,
-                                                wall_s=time.monotonic() - self._started, root=self.root)
+                                                wall_s=time.monotonic() - self._started, root=self.root,
+                                                machine=self.machine(ledger))
         target = self._target_path(ledger)
         write_ledger(target, data, overwrite=True)
         return target
@@ -167,21 +231,44 @@ class SuiteSession:
             medians = ", ".join(f"{name} {res['output_tokens_per_s']['median']:.1f}"
                                 for name, res in m.point["arms"].items())
             lines.append(f"specledger {lid} {key[0]} T={key[1]:g} c={key[2]} ({mode}): median tok/s {medians}")
-        failed = [tid for tid, r in self.results if not r.ok]
         if self.results:
-            lines.append(f"specledger verified {len(self.results)} points {mode}, {len(failed)} outside tolerance; "
-                         f"session wall {time.monotonic() - self._started:.0f} s (engine starts included)")
+            counts = Counter(r.outcome for _, r in self.results)
+            lines.append(f"specledger verified {len(self.results)} arm-points {mode}: "
+                         + ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
+                         + f"; session wall {time.monotonic() - self._started:.0f} s (engine starts included)")
         return lines
+
+    def verdict_table(self) -> str:
+        """One row per verified arm-point: outcome, fresh and committed multiplier with CIs, acceptance length."""
+        if not self.results:
+            return ""
+        import pandas as pd
+
+        from specledger.report import format_table
+
+        def ci(e: Any) -> str:
+            return f"{e.value:.3f} ({e.low:.3f}..{e.high:.3f})"
+
+        rows = []
+        for test_id, r in self.results:
+            mult = r.figure("multiplier")
+            speed = mult or (r.figures[0] if r.figures else None)
+            acc = next((c for c in r.checks if c.metric == "acceptance_length"), None)
+            rows.append({
+                "point": test_id,
+                "verdict": r.outcome,
+                "figure": "multiplier" if mult else (speed.metric if speed else "-"),
+                "fresh (95% CI)": ci(speed.fresh) if speed else "-",
+                "committed (95% CI)": ci(speed.committed) if speed else "-",
+                "change (95% CI)": (f"{speed.verdict.change.value:+.1%} ({speed.verdict.change.low:+.1%}.."
+                                    f"{speed.verdict.change.high:+.1%})") if speed else "-",
+                "L fresh/committed": f"{acc.measured:.3f}/{acc.committed:.3f}" if acc else "-",
+                "repeats needed": r.repeats_needed or "-",
+            })
+        return format_table(pd.DataFrame(rows))
 
     def close(self) -> None:
         for arms in self._arms.values():
             for arm in arms.values():
                 arm.close()
         self._arms.clear()
-
-
-def measure_first_key(ledger: Ledger) -> tuple[str, float, int] | None:
-    for p in ledger.points:
-        if p.get("concurrency") is not None:
-            return (p["workload"], float(p["temperature"] or 0.0), int(p["concurrency"]))
-    return None

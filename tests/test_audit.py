@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from specledger import stats
 from specledger.audit import (
     Finding,
     at_least,
@@ -511,3 +514,122 @@ def test_request_times_must_match_the_repeats(small):
     small["points"][0]["arms"]["eagle"]["request_time_s"]["engine"].pop()
     found = [f for f in audit(small) if f.json_path == "$.points[0].arms.eagle.request_time_s.engine"]
     assert [f.code for f in found] == ["repeats"] and "2 request times for 3 throughput repeats" in found[0].message
+
+
+# -- protocol v3 points: multipliers of means, intervals, and which tolerances they resolve ------
+
+
+def _v3(small: dict, spread: float, *, n: int = 5, max_repeats: int = 12, tolerance: float = 0.15) -> dict:
+    """The small ledger re-recorded with protocol v3: n paired repeats per arm spread ±spread around each
+    median (spec and base in opposite order, so the ratio varies), multipliers and intervals from
+    specledger.stats as measure.py writes them. The matched arm is left out of the points."""
+    small["schema_version"] = 2
+    small["protocol"] = {"version": 3, "window": {"min_s": 10.0, "min_rounds": 4},
+                         "warmup": {"max_windows": 4, "agree_rel": 0.1},
+                         "repeats": {"min": n, "max": max_repeats}, "busy_others_cpu_share": 0.15,
+                         "statistics": {"confidence": 0.95, "method": "BCa", "n_resamples": 9999,
+                                        "estimator": "ratio of mean window throughput over paired repeats"}}
+    small["tolerances"] = {"multiplier_rel": tolerance}
+    shape = [2 * r / (n - 1) - 1 for r in range(n)]  # -1 .. +1, mean 0
+    for point in small["points"]:
+        point["protocol_version"] = 3
+        del point["arms"]["matched"]
+        for name, order in (("baseline", shape[::-1]), ("eagle", shape)):
+            result = point["arms"][name]
+            median = result["output_tokens_per_s"]["median"]
+            reps = [round(median * (1 + spread * z), 1) for z in order]
+            mean = stats.mean_estimate(reps)
+            result["output_tokens_per_s"] = {"repeats": reps, "median": statistics.median(reps), "min": min(reps),
+                                             "max": max(reps), "mean": round(mean.value, 1),
+                                             "ci95": [round(mean.low, 1), round(mean.high, 1)]}
+        eagle, base = point["arms"]["eagle"], point["arms"]["baseline"]
+        eagle.pop("multiplier_vs_matched")
+        m = stats.multiplier_estimate(eagle["output_tokens_per_s"]["repeats"], base["output_tokens_per_s"]["repeats"])
+        eagle["multiplier"], eagle["multiplier_ci95"] = round(m.value, 3), [round(m.low, 3), round(m.high, 3)]
+    return small
+
+
+def v3_audit(data: dict) -> list[Finding]:
+    """Audit without loading: the v2 schema may not read v3 points yet (it is written alongside)."""
+    return audit_ledger(Ledger(Path("small.json"), data))
+
+
+def predicted(point: dict, max_repeats: int) -> float:
+    """The fresh-vs-committed change's half-width predicted for one point, worked by hand."""
+    eagle = point["arms"]["eagle"]
+    h = (eagle["multiplier_ci95"][1] - eagle["multiplier_ci95"][0]) / 2 / eagle["multiplier"]
+    n = len(eagle["output_tokens_per_s"]["repeats"])
+    return math.sqrt(h * h + h * h * n / max_repeats)
+
+
+def test_quiet_v3_ledger_is_consistent_and_resolves_its_tolerance(small):
+    findings = v3_audit(_v3(small, 0.02))
+    assert [f for f in findings if f.severity != "info"] == [], [str(f) for f in findings]
+    (found,) = [f for f in findings if f.code == "resolution"]
+    assert (found.severity, found.json_path) == ("info", "$.arms[2]")
+    assert "at the median of 3 v3 points" in found.message and "12 fresh repeats" in found.message
+    assert found.message.endswith("against a tolerance of ±15%: resolvable at every point")
+
+
+def test_noisy_v3_ledger_names_the_tolerance_it_can_resolve(small):
+    data = _v3(small, 0.3)
+    (found,) = [f for f in v3_audit(data) if f.code == "resolution"]
+    worst = max(predicted(p, 12) for p in data["points"])
+    assert worst > 0.15 and found.severity == "warning"
+    assert f"±{math.floor(worst * 100) + 1}% would be resolvable at every point" in found.message
+    unresolved = sum(predicted(p, 12) >= 0.15 for p in data["points"])
+    assert f"resolvable at only {3 - unresolved} of 3 points" in found.message
+
+
+def test_more_repeats_allowed_can_make_a_tolerance_resolvable(small):
+    """Between the committed half-width h and h*sqrt(1 + n/max): only a larger protocol.repeats.max resolves it."""
+    data = _v3(small, 0.15)
+    worst = max(predicted(p, 12) for p in data["points"])
+    tolerance = (worst + max(predicted(p, 10**6) for p in data["points"])) / 2
+    data["tolerances"]["multiplier_rel"] = tolerance
+    assert [f.severity for f in v3_audit(data) if f.code == "resolution"] == ["warning"]
+    data["protocol"]["repeats"]["max"] = 10**6
+    assert [f.severity for f in v3_audit(data) if f.code == "resolution"] == ["info"]
+
+
+def test_no_resolution_finding_without_v3_points(small):
+    assert [f for f in audit(small) if f.code == "resolution"] == []
+    data = _v3(small, 0.02)
+    for point in data["points"]:
+        point["protocol_version"] = 1
+    assert [f for f in v3_audit(data) if f.code == "resolution"] == []
+
+
+def test_v3_multiplier_is_checked_against_the_means(small):
+    data = _v3(small, 0.02)
+    point = data["points"][0]
+    base = point["arms"]["baseline"]["output_tokens_per_s"]
+    base.update(repeats=[99.0, 100.0, 100.0, 101.0, 120.0], median=100.0, min=99.0, max=120.0, mean=104.0,
+                ci95=[99.8, 112.0])
+    spec = point["arms"]["eagle"]["output_tokens_per_s"]["repeats"]
+    point["arms"]["eagle"]["multiplier"] = round(sum(spec) / 5 / 104.0, 3)
+    m = point["arms"]["eagle"]["multiplier"]
+    point["arms"]["eagle"]["multiplier_ci95"] = [round(m - 0.1, 3), round(m + 0.1, 3)]
+    del data["claims"]  # its 1.8x was the old ratio
+    del data["critical_concurrency"]
+    assert not [f for f in v3_audit(data) if f.severity == "error"]
+    point["arms"]["eagle"]["multiplier"] = 1.8  # the ratio of medians, which v3 does not state
+    point["arms"]["eagle"]["multiplier_ci95"] = [1.7, 1.9]
+    finding = only_error(v3_audit(data), f"{EAGLE}.multiplier", "multiplier-ratio")
+    assert "means rounded" in finding.message
+
+
+def test_v3_interval_must_hold_its_value(small):
+    data = _v3(small, 0.02)
+    data["points"][0]["arms"]["eagle"]["multiplier_ci95"] = [1.81, 1.9]
+    finding = only_error(v3_audit(data), f"{EAGLE}.multiplier_ci95", "interval")
+    assert "does not hold the multiplier 1.8" in finding.message
+
+
+def test_stated_mean_must_agree_with_the_repeats(small):
+    data = _v3(small, 0.02)
+    data["points"][0]["arms"]["baseline"]["output_tokens_per_s"]["mean"] = 100.5
+    data["points"][0]["arms"]["baseline"]["output_tokens_per_s"]["ci95"] = [99.0, 101.0]
+    errors = [f for f in v3_audit(data) if f.severity == "error"]
+    assert [(f.json_path, f.code) for f in errors] == [
+        ("$.points[0].arms.baseline.output_tokens_per_s.mean", "repeats")]

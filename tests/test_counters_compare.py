@@ -1,4 +1,4 @@
-"""Pure logic behind the measurement path: counter deltas, acceptance figures, closed loop, verification."""
+"""Pure logic behind the measurement path: counter deltas, acceptance figures, steady-state window, verification."""
 
 import asyncio
 import copy
@@ -12,7 +12,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from specledger import compare, counters, load, measure, report
-from specledger.schema import Ledger, dump_ledger, load_ledger, parse_ledger
+from specledger.schema import DEFAULT_PROTOCOL, Ledger, dump_ledger, load_ledger, parse_ledger
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,41 +78,78 @@ def test_summed_deltas_equal_the_delta_of_the_totals(steps):
     assert acc["per_position"] == sorted(acc["per_position"], reverse=True)
 
 
-def test_requests_for_scales_with_concurrency_and_has_a_floor():
-    assert load.requests_for(1, 3, 6) == 6
-    assert load.requests_for(8, 3, 6) == 24
-    assert load.requests_for(64, 1, 8) == 64
+def test_window_opens_after_every_user_finished_a_request_and_counts_only_inside():
+    """A fake engine: each request streams 5 deltas of 2 tokens, 10 ms apart (so a request takes ~50 ms)."""
+    in_flight, peak, aborted = 0, 0, 0
 
-
-def test_closed_loop_keeps_exactly_n_in_flight():
-    in_flight, peak = 0, 0
-
-    async def submit(i: int) -> int:
-        nonlocal in_flight, peak
+    async def submit(i: int, trace: load.RequestTrace) -> None:
+        nonlocal in_flight, peak, aborted
         in_flight += 1
         peak = max(peak, in_flight)
-        await asyncio.sleep(0.001 * (1 + i % 3))
-        in_flight -= 1
-        return 10
+        try:
+            for _ in range(5):
+                await asyncio.sleep(0.01)
+                trace.add(2, [i % 3, 7])
+        except asyncio.CancelledError:
+            aborted += 1
+            raise
+        finally:
+            in_flight -= 1
 
-    result = asyncio.run(load.closed_loop(submit, 20, 4))
-    assert peak == 4
-    assert result["requests"] == 20 and result["output_tokens"] == 200
-    assert result["output_tokens_per_s"] == pytest.approx(200 / result["wall_s"])
+    result = asyncio.run(load.steady_window(submit, concurrency=4, window_s=0.5, n_prompts=3))
+    assert peak == 4 and in_flight == 0
+    assert aborted == 4  # every user was mid-request at the close: aborted, not drained
+    assert result["ramp_s"] >= 0.05  # the first round is excluded
+    assert result["window_s"] == pytest.approx(0.5, abs=0.05)
+    # 4 users x 2 tokens / 10 ms = 800 tok/s while all are in flight; scheduler jitter only lowers it
+    assert 500 < result["output_tokens_per_s"] <= 880
+    assert result["rounds"] == pytest.approx(0.5 / result["request_latency_median_s"], rel=0.01)
+    assert set(result["outputs"]) == {"0", "1", "2"} and result["outputs"]["1"] == [1, 7] * 5
+
+
+def test_a_failing_request_ends_the_window_with_its_error():
+    async def submit(i: int, trace: load.RequestTrace) -> None:
+        await asyncio.sleep(0.01)
+        if i == 3:
+            raise RuntimeError("engine died")
+        trace.add(1)
+
+    with pytest.raises(RuntimeError, match="engine died"):
+        asyncio.run(load.steady_window(submit, concurrency=2, window_s=1.0))
+
+
+def test_summarize_counts_tokens_by_arrival_time_and_times_requests_inside_the_window():
+    inside = load.RequestTrace(0, 0, sent_at=10.0, token_times=[10.5, 11.0, 11.5], token_counts=[1, 3, 1],
+                               output=[1, 2, 3, 4, 5], done_at=11.5)
+    straddling = load.RequestTrace(1, 1, sent_at=9.0, token_times=[9.5, 10.2, 12.5], token_counts=[2, 2, 2],
+                                   done_at=None)
+    result = load.summarize([inside, straddling], t_start=8.0, t_open=10.0, t_close=12.0, concurrency=2)
+    assert result["output_tokens"] == 5 + 2  # the 9.5 and 12.5 deltas are outside
+    assert result["output_tokens_per_s"] == pytest.approx(7 / 2.0)
+    assert result["ramp_s"] == pytest.approx(2.0) and result["requests"] == 1
+    assert result["ttft_s"] == [pytest.approx(0.5)]
+    assert result["tpot_s"] == [pytest.approx(1.0 / 4)]  # (last - first) / (5 tokens - 1)
+    assert result["itl_s"] == [pytest.approx(0.5), pytest.approx(0.5)]
 
 
 def _small_ledger() -> Ledger:
     return load_ledger(ROOT / "tests" / "data" / "measured-small.json")
 
 
-def _runs(base_tps, spec_tps, drafts=10):
-    def run(tps, spec):
-        out = {"output_tokens_per_s": tps, "requests": 4, "output_tokens": 400, "wall_s": 400 / tps}
-        if spec:
-            out["counters"] = {"drafts": drafts, "draft_tokens": 4 * drafts, "accepted_tokens": 2 * drafts,
-                               "accepted_per_position": [drafts, drafts // 2, drafts // 2, 0]}
-        return out
-    return {"baseline": [run(t, False) for t in base_tps], "spec": [run(t, True) for t in spec_tps]}
+def _window(tps: float, *, counters_: dict | None = None, outputs: dict | None = None) -> dict:
+    out = {"output_tokens_per_s": tps, "requests": 4, "output_tokens": int(tps * 5), "window_s": 5.0,
+           "ramp_s": 0.4, "rounds": 4.2, "ttft_s": [0.1, 0.2], "tpot_s": [0.01, 0.02], "itl_s": [0.01, 0.03],
+           "outputs": outputs or {"0": [1, 2, 3], "1": [4, 5]}}
+    if counters_ is not None:
+        out["counters"] = counters_
+    return out
+
+
+def _runs(base_tps, spec_tps, drafts=10, spec_outputs=None):
+    c = {"drafts": drafts, "draft_tokens": 4 * drafts, "accepted_tokens": 2 * drafts,
+         "accepted_per_position": [drafts, drafts // 2, drafts // 2, 0]}
+    return {"baseline": [_window(t) for t in base_tps],
+            "spec": [_window(t, counters_=c, outputs=spec_outputs) for t in spec_tps]}
 
 
 def _ledger_with_arms() -> Ledger:
@@ -125,16 +162,42 @@ def _ledger_with_arms() -> Ledger:
     return Ledger(None, data)
 
 
-def test_build_point_multiplier_is_ratio_of_medians_and_acceptance_from_summed_counters():
+def _schema_valid(ledger: Ledger, point: dict) -> None:
+    data = copy.deepcopy(ledger.data)
+    data["points"] = [point]
+    data["protocol"] = copy.deepcopy(DEFAULT_PROTOCOL)
+    for section in ("critical_concurrency", "claims"):  # they name the fixture's own arms
+        data.pop(section, None)
+    parse_ledger(dump_ledger(data), "built.json")
+
+
+def test_build_point_multiplier_is_the_paired_ratio_of_means_with_its_ci():
     ledger = _ledger_with_arms()
     workload = ledger.data["workloads"][0]["name"]
-    point = measure.build_point(ledger, workload, 0.0, 2, _runs([100, 110, 90], [150, 130, 170]))
+    point = measure.build_point(ledger, workload, 0.0, 2, _runs([100, 110, 90, 105, 95], [150, 168, 133, 160, 139]))
     spec = point["arms"]["spec"]
-    assert spec["multiplier"] == pytest.approx(round(150 / 100, 3))
-    assert spec["output_tokens_per_s"] == {"repeats": [150, 130, 170], "median": 150, "min": 130, "max": 170}
+    assert point["protocol_version"] == 3
+    assert spec["multiplier"] == pytest.approx(round(750 / 500, 3))
+    low, high = spec["multiplier_ci95"]
+    assert low < spec["multiplier"] < high and high - low < 0.1  # paired: the shared drift cancels
+    tps = spec["output_tokens_per_s"]
+    assert tps["mean"] == 150 and tps["median"] == 150 and tps["ci95"][0] < 150 < tps["ci95"][1]
     assert spec["acceptance"]["acceptance_length"] == pytest.approx(3.0)
-    assert spec["speculative_tokens_per_step"] == pytest.approx(4.0)
+    assert spec["lossless"] == {"requests_compared": 2, "identical": 2, "identical_share": 1.0,
+                                "first_divergence": None}
+    assert spec["latency_s"]["ttft"]["p50"] == pytest.approx(0.15)
+    assert spec["window"]["seconds"] == [5.0] * 5
     assert "multiplier" not in point["arms"]["baseline"]
+    _schema_valid(ledger, point)
+
+
+def test_build_point_names_the_first_divergence_from_the_baseline():
+    ledger = _ledger_with_arms()
+    workload = ledger.data["workloads"][0]["name"]
+    runs = _runs([100, 110, 90], [150, 130, 170], spec_outputs={"0": [1, 2, 3], "1": [4, 6, 9]})
+    same = measure.build_point(ledger, workload, 0.0, 2, runs)["arms"]["spec"]["lossless"]
+    assert same["identical"] == 1 and same["first_divergence"] == {"prompt_index": 1, "token_index": 1}
+    assert "lossless" not in measure.build_point(ledger, workload, 1.0, 2, runs)["arms"]["spec"]  # only at T=0
 
 
 def test_build_point_keeps_request_times_per_repeat_only_when_every_repeat_has_them():
@@ -147,11 +210,14 @@ def test_build_point_keeps_request_times_per_repeat_only_when_every_repeat_has_t
     point = measure.build_point(ledger, workload, 0.0, 2, runs)
     assert point["arms"]["spec"]["request_time_s"] == {"engine": [0.1, 0.2, 0.3], "end_to_end": [0.12346] * 3}
     assert "request_time_s" not in point["arms"]["baseline"]
-    data = copy.deepcopy(ledger.data)
-    data["points"] = [point]
-    for section in ("critical_concurrency", "claims"):  # they name the fixture's own arms
-        data.pop(section, None)
-    parse_ledger(dump_ledger(data), "built.json")  # schema-valid as measured
+    _schema_valid(ledger, point)
+
+
+def test_the_window_is_sized_by_duration_and_by_rounds():
+    protocol = {"window": {"min_s": 5.0, "min_rounds": 4}}
+    assert measure.window_for(protocol, [0.2, 0.3]) == 5.0  # fast requests: the duration rules
+    assert measure.window_for(protocol, [2.0, 3.5, None]) == 14.0  # slow ones: 4 rounds of the slowest arm
+    assert measure.window_for(protocol, [None]) == 5.0
 
 
 def test_config_differences_ignore_the_drafter_itself():
@@ -163,40 +229,62 @@ def test_config_differences_ignore_the_drafter_itself():
     assert report.config_differences(configs) == {"async_scheduling": {"baseline": True, "spec": False}}
 
 
-def _compare_inputs(measured_multiplier: float, measured_length: float):
+def _v3_point(base, spec, length=3.0):
     ledger = _ledger_with_arms()
-    ledger.data["tolerances"] = {"multiplier_rel": 0.1, "acceptance_length_abs": 0.2}
-    committed = {"arms": {"baseline": {"output_tokens_per_s": {"median": 100, "min": 95, "max": 105}},
-                          "spec": {"multiplier": 1.5, "acceptance": {"acceptance_length": 3.0},
-                                   "output_tokens_per_s": {"median": 150, "min": 140, "max": 160}}}}
-    measured = json.loads(json.dumps(committed))
-    measured["arms"]["spec"]["multiplier"] = measured_multiplier
-    measured["arms"]["spec"]["acceptance"]["acceptance_length"] = measured_length
-    return ledger, committed, measured
+    workload = ledger.data["workloads"][0]["name"]
+    point = measure.build_point(ledger, workload, 0.0, 2, _runs(base, spec))
+    point["arms"]["spec"]["acceptance"]["acceptance_length"] = length
+    return point
 
 
-def test_compare_passes_inside_the_tolerance():
-    ledger, committed, measured = _compare_inputs(1.6, 3.1)
-    assert compare.compare_point(ledger, "spec", committed, measured).ok
+def _verify(fresh_base, fresh_spec, *, length=3.0, not_comparable=None, committed_version=3):
+    ledger = _ledger_with_arms()
+    ledger.data["tolerances"] = {"multiplier_rel": 0.1, "acceptance_length_abs": 0.2, "output_tokens_per_s_rel": 0.5}
+    committed = _v3_point([100, 104, 96, 102, 98, 101], [150, 156, 144, 153, 147, 151])
+    committed["protocol_version"] = committed_version
+    fresh = _v3_point(fresh_base, fresh_spec, length)
+    return compare.compare_point(ledger, "spec", committed, fresh, not_comparable=not_comparable)
 
 
-def test_compare_fails_outside_with_a_message_that_says_everything():
-    ledger, committed, measured = _compare_inputs(1.2, 3.0)
-    result = compare.compare_point(ledger, "spec", committed, measured)
-    assert not result.ok
+def test_a_reproduced_multiplier_holds():
+    result = _verify([80, 84, 78, 82, 81, 79], [121, 125, 116, 124, 120, 119])  # slower machine day, same ratio
+    assert result.outcome == "holds" and result.ok
+    assert "holds" in result.figure("multiplier").line()
+
+
+def test_a_multiplier_that_fell_is_changed_and_names_the_direction():
+    result = _verify([100, 104, 96, 102, 98, 101], [120, 124, 115, 122, 118, 121])
+    assert result.outcome == "changed" and not result.ok
     message = result.message("x-spec-copy-T0-c2")
-    assert "multiplier: measured 1.200, committed 1.500" in message
-    assert "±10%" in message and "1.350..1.650" in message
-    assert "repeat spread" in message and "engine time per request" not in message
-    measured["arms"]["spec"]["request_time_s"] = {"engine": [0.4, 0.5, 0.6]}
-    message = compare.compare_point(ledger, "spec", committed, measured).message("x-spec-copy-T0-c2")
-    assert "engine time per request 40.0%" in message
+    assert "changed (down)" in message and "95% CI" in message and "repeat spread" in message
+
+
+def test_noise_that_cannot_settle_the_band_is_inconclusive_with_the_repeats_it_needs():
+    result = _verify([100, 60, 140, 90, 110, 100], [150, 140, 100, 190, 130, 170])
+    assert result.outcome == "inconclusive" and result.ok
+    assert result.repeats_needed is None or result.repeats_needed > 6
+
+
+def test_another_machine_shows_speed_but_still_asserts_acceptance():
+    result = _verify([100, 104, 96, 102, 98, 101], [120, 124, 115, 122, 118, 121], not_comparable="another CPU")
+    assert result.outcome == "not comparable" and result.ok
+    assert "another CPU" in result.message("t") and "changed (down)" in result.message("t")
+    result = _verify([100, 104, 96, 102, 98, 101], [150, 156, 144, 153, 147, 151], length=2.5,
+                     not_comparable="another CPU")
+    assert result.outcome == "failed" and "acceptance_length: measured 2.500" in result.message("t")
+
+
+def test_a_committed_burst_point_is_not_comparable_with_a_steady_state_run():
+    result = _verify([100, 104, 96, 102, 98, 101], [150, 156, 144, 153, 147, 151], committed_version=1)
+    assert result.outcome == "not comparable" and "protocol v1" in result.not_comparable
 
 
 def test_compare_fails_when_no_drafts_were_counted():
-    ledger, committed, measured = _compare_inputs(1.5, 3.0)
-    del measured["arms"]["spec"]["acceptance"]
-    result = compare.compare_point(ledger, "spec", committed, measured)
+    ledger = _ledger_with_arms()
+    committed = _v3_point([100, 104, 96], [150, 156, 144])
+    fresh = _v3_point([100, 104, 96], [150, 156, 144])
+    del fresh["arms"]["spec"]["acceptance"]
+    result = compare.compare_point(ledger, "spec", committed, fresh)
     assert not result.ok and "no drafts were counted" in result.message("t")
 
 

