@@ -26,11 +26,12 @@ LEDGER = os.environ.get("PROBE_LEDGER", "ledgers/h200-smollm2-copy.json")  # a C
 SIZING_WINDOW_S = 2.5
 SIZING_REPEATS = int(os.environ.get("PROBE_SIZING_REPEATS", "12"))
 BENCH_RUNS = int(os.environ.get("PROBE_BENCH_RUNS", "5"))
+BENCH_ROUNDS = int(os.environ.get("PROBE_BENCH_ROUNDS", "8"))
+BENCH_CONCURRENCIES = tuple(int(c) for c in os.environ.get("PROBE_BENCH_CONCURRENCIES", "1,64").split(","))
 
 
 def main() -> int:
-    from specledger import crosscheck, endpoints, measure, stats
-    from specledger.models import resolve_model
+    from specledger import measure
     from specledger.schema import DEFAULT_PROTOCOL, Ledger, load_ledger
     from specledger.session import SuiteSession
 
@@ -66,6 +67,13 @@ def main() -> int:
 
     session = SuiteSession(root=Path("."), record=True, out_dir=out, progress=log, force_busy=True,
                            command="scripts/h200-v3-probe.py")
+    if os.environ.get("PROBE_BENCH_ONLY"):  # a second try at the bench phase, on the points already recorded
+        timeline.update(json.loads((out / "timeline.json").read_text()))
+        recorded = load_ledger(out / f"{data['id']}.json")
+        points = {c: recorded.find_point("copy", 0.0, c) for c in CONCURRENCIES}
+        prompts = measure.prompts_for(ledger, "copy", Path("."))
+        sampling = measure.sampling_for(ledger, "copy", 0.0)
+        return _bench(data, points, prompts, sampling, out, log, mark)
     mark("start")
     arms = session.arms_for(ledger)
     mark("engines up")
@@ -91,6 +99,12 @@ def main() -> int:
         mark(f"sizing c={c} done")
     session.close()
     mark("engines closed")
+    return _bench(data, points, prompts, sampling, out, log, mark)
+
+
+def _bench(data, points, prompts, sampling, out, log, mark) -> int:
+    from specledger import crosscheck, endpoints, stats
+    from specledger.models import resolve_model
 
     model = resolve_model(data["target"]["model"])
     started = endpoints.start_servers(data, model, progress=log, log_dir=str(out))
@@ -101,10 +115,11 @@ def main() -> int:
 
         tokenizer = AutoTokenizer.from_pretrained(model)
         urls = {name: server.base_url for name, server in started.items()}
-        for c in CONCURRENCIES:
+        for c in BENCH_CONCURRENCIES:
             res = crosscheck.bench_multiplier(urls, model=model, prompts=prompts, tokenizer=tokenizer,
                                               concurrency=c, output_len=int(sampling["max_tokens"]),
-                                              temperature=0.0, baseline="baseline", runs=BENCH_RUNS, rounds=8,
+                                              temperature=0.0, baseline="baseline", runs=BENCH_RUNS,
+                                              rounds=BENCH_ROUNDS,
                                               progress=log)
             suite = crosscheck.suite_estimate(points[c], "ngram", "baseline")
             agree = crosscheck.agreement(suite, stats.Estimate(**res["multiplier"]))

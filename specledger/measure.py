@@ -107,6 +107,15 @@ def window_for(protocol: Mapping[str, Any], latencies_s: Sequence[float | None])
     return round(max(float(protocol["window"]["min_s"]), rounds), 2)
 
 
+def first_index(repeat: int, concurrency: int, n_prompts: int, mode: str = "same") -> int:
+    """Where repeat ``repeat`` starts in the prompt cycle: always 0 ("same": every repeat sends the same
+    sequence, so the spread across repeats is timing noise alone), or one block of ``concurrency`` further
+    each repeat ("rotate": the spread then carries the prompt mix too)."""
+    if mode not in ("rotate", "same"):
+        raise ValueError(f"repeat_prompts must be 'rotate' or 'same', not {mode!r}")
+    return 0 if mode == "same" else (repeat * concurrency) % n_prompts
+
+
 MoreRule = Callable[[dict[str, Any], int], bool]
 
 
@@ -134,7 +143,7 @@ def measure_point(ledger: Ledger, arms: Mapping[str, Any], workload: str, temper
                  + ("" if w["converged"] else " (cap reached before two windows agreed)"))
     window_s = window_for(protocol, [w["request_latency_s"] for w in warmups.values()])
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    rotate = sweep.get("repeat_prompts", "same") == "rotate"
+    mode = sweep.get("repeat_prompts", "same")
     min_repeats, max_repeats = int(protocol["repeats"]["min"]), int(protocol["repeats"]["max"])
 
     def one_repeat(r: int, planned: int) -> None:
@@ -142,7 +151,7 @@ def measure_point(ledger: Ledger, arms: Mapping[str, Any], workload: str, temper
         for name in order:
             time.sleep(settle_s)
             res = arms[name].run(prompts=prompts, concurrency=concurrency, sampling=sampling, window_s=window_s,
-                                 first_index=(r * concurrency) % len(prompts) if rotate else 0)
+                                 first_index=first_index(r, concurrency, len(prompts), mode))
             runs[name].append(res)
             eta = (time.monotonic() - t_start) / max(1, sum(map(len, runs.values()))) \
                 * (planned * len(names) - sum(map(len, runs.values())))

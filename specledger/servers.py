@@ -51,6 +51,18 @@ __all__ = [
 #: The API server's module. `vllm.entrypoints.openai.api_server` still works but is a deprecated
 #: shim that calls this same `main()`; this one prints no deprecation warning.
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
+#: vLLM 0.26 (the GPU machine's) has only the older module.
+LEGACY_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def server_module() -> str:
+    """The API server module this vLLM has (found without importing vLLM)."""
+    import importlib.util
+
+    try:
+        return SERVER_MODULE if importlib.util.find_spec(SERVER_MODULE) is not None else LEGACY_SERVER_MODULE
+    except ModuleNotFoundError:
+        return LEGACY_SERVER_MODULE
 
 #: Environment for the CPU engine on a small shared machine: 1 GiB of KV cache (the default
 #: takes a large share of RAM), no hub access (the model is a local folder), no usage reports.
@@ -96,7 +108,7 @@ def server_command(
     python: str = sys.executable,
 ) -> list[str]:
     """The argv that starts the server; `speculative_config` goes in verbatim as JSON."""
-    command = [python, "-m", SERVER_MODULE, "--model", model, "--host", host, "--port", str(port), *args]
+    command = [python, "-m", server_module(), "--model", model, "--host", host, "--port", str(port), *args]
     if speculative_config is not None:
         command += ["--speculative-config", json.dumps(dict(speculative_config), separators=(",", ":"))]
     return command

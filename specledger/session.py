@@ -120,7 +120,8 @@ class SuiteSession:
         return f"another machine: {fingerprint.describe_differences(diff)}" if diff else None
 
     def _more_rule(self, ledger: Ledger, key: tuple[str, float, int]) -> measure.MoreRule | None:
-        """When a point gets more repeats: an inconclusive verdict (verify), or a CI wider than half the band (record)."""
+        """When a point gets more repeats: an inconclusive verdict (verify), or a CI wider than half the band
+        (record)."""
         if not self.adaptive:
             return None
         spec_arms = [a["name"] for a in ledger.speculative_arms()]

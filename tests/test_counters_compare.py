@@ -3,7 +3,6 @@
 import asyncio
 import copy
 import functools
-import json
 import statistics
 from pathlib import Path
 

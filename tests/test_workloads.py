@@ -203,25 +203,22 @@ def test_ruff_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-# --- repeat_batches (which prompts each repeat sends) -------------------------------------------
+# --- first_index (where each repeat starts in the prompt cycle) ------------------------------------
 
 
-@given(n_prompts=st.integers(1, 12), n=st.integers(1, 20), repeats=st.integers(1, 5))
-def test_same_repeats_send_identical_batches(n_prompts: int, n: int, repeats: int) -> None:
-    from specledger.measure import repeat_batches
+@given(n_prompts=st.integers(1, 12), concurrency=st.integers(1, 20), repeat=st.integers(0, 9))
+def test_same_repeats_start_at_the_same_prompt(n_prompts: int, concurrency: int, repeat: int) -> None:
+    from specledger.measure import first_index
 
-    texts = [f"prompt {i}" for i in range(n_prompts)]
-    batches = repeat_batches(texts, n, repeats, "same")
-    assert len(batches) == repeats
-    assert all(b == batches[0] for b in batches)
-    assert batches[0] == cycle_prompts(texts, n, 0)
+    assert first_index(repeat, concurrency, n_prompts, "same") == 0
+    assert 0 <= first_index(repeat, concurrency, n_prompts, "rotate") < n_prompts
 
 
-def test_rotating_repeats_take_the_next_block() -> None:
-    from specledger.measure import repeat_batches
+def test_rotating_repeats_start_one_block_further() -> None:
+    from specledger.measure import first_index
 
+    assert [first_index(r, 4, 10, "rotate") for r in range(3)] == [0, 4, 8]
     texts = [f"p{i}" for i in range(10)]
-    assert repeat_batches(texts, 4, 3, "rotate") == [
-        ["p0", "p1", "p2", "p3"], ["p4", "p5", "p6", "p7"], ["p8", "p9", "p0", "p1"]]
+    assert cycle_prompts(texts, 4, first_index(2, 4, 10, "rotate")) == ["p8", "p9", "p0", "p1"]
     with pytest.raises(ValueError, match="repeat_prompts"):
-        repeat_batches(texts, 4, 3, "shuffle")
+        first_index(0, 4, 10, "shuffle")
