@@ -601,6 +601,20 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _crosscheck_arguments(parser: argparse.ArgumentParser) -> None:
+    from specledger import crosscheck
+
+    crosscheck.add_arguments(parser)
+
+
+@command("crosscheck", "the suite's multiplier against `vllm bench serve` on the same two servers, with both CIs",
+         _crosscheck_arguments)
+def cmd_crosscheck(args: argparse.Namespace) -> int:
+    from specledger import crosscheck
+
+    return crosscheck.run(args)
+
+
 # --------------------------------------------------------------------------------------------
 # dispatch
 # --------------------------------------------------------------------------------------------
