@@ -61,7 +61,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from specledger.schema import DEFAULT_ROUNDING
+from specledger.schema import DEFAULT_ROUNDING, SCHEMA_VERSION
 
 __all__ = ["IMPORT_PREFIX", "BenchImportError", "BenchRun", "import_bench", "load_bench_result"]
 
@@ -185,7 +185,7 @@ def import_bench(
     model = str(runs[0].data["model_id"])
     name = target_name or _slug(Path(model).name or model)
     ledger: dict[str, Any] = {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "id": ledger_id,
         "title": title or f"{Path(model).name}: {', '.join(a['name'] for a in arms)} (vllm bench serve, imported)",
         "description": (

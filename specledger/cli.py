@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from specledger import __version__
 from specledger.schema import Ledger, LedgerError, iter_ledger_paths, load_ledger
@@ -264,12 +265,12 @@ def cmd_policy(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _load_valid_ledgers(paths: Sequence[str]) -> tuple[list, int]:
-    """(ledgers that load, number that do not); load problems go to stderr, the rest still run."""
+def _load_valid_ledgers(paths: Sequence[str], load: Callable[[Path], Any] = load_ledger) -> tuple[list, int]:
+    """(what `load` made of each ledger that loads, number that do not); problems go to stderr, the rest still run."""
     ledgers, invalid = [], 0
     for path in _ledger_paths(paths):
         try:
-            ledgers.append(load_ledger(path))
+            ledgers.append(load(path))
         except LedgerError as e:
             invalid += 1
             for problem in e.problems:
@@ -549,14 +550,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     paths = _ledger_paths(args.paths)
     if to_stdout and len(paths) != 1:
         raise _UsageError(f"printing takes one ledger, got {len(paths)}: use --in-place or -o DIR for several")
-    migrations, invalid = [], 0
-    for path in paths:  # every ledger migrates in memory first, so one that does not load stops all writes
-        try:
-            migrations.append(migrate_file(path))
-        except LedgerError as e:
-            invalid += 1
-            for problem in e.problems:
-                print(problem, file=sys.stderr)
+    # every ledger migrates in memory first, so one that does not load stops all writes
+    migrations, invalid = _load_valid_ledgers([str(p) for p in paths], load=migrate_file)
     if invalid:
         print(f"{invalid} ledger(s) do not load; nothing written", file=sys.stderr)
         return EXIT_PROBLEMS

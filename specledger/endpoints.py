@@ -1,9 +1,10 @@
 """Ledger arms over HTTP: OpenAI-compatible vLLM servers (live ones, or started from the ledger).
 
 Teams run vLLM as a server with speculation fixed per endpoint at start. An `HTTPArm` plays the
-part of an in-process `engines.ArmEngine` for `measure`: `run(prompts=, concurrency=, sampling=)`
-returns the same dict (output_tokens_per_s, wall_s, output_tokens, requests, counters), so the
-same paired, interleaved sweep and the same comparison verify a ledger through the API.
+part of an in-process `engines.ArmEngine` for `measure`: `run(prompts=, concurrency=, sampling=,
+window_s=)` is one steady-state window (`load.steady_window`) and returns the same dict, with token
+times from the SSE chunks (`return_token_ids` says how many tokens each chunk brought), so the same
+paired, interleaved protocol and the same verdicts verify a ledger through the API.
 
 Both modes must see the same tokens: prompts are rendered with the chat template here
 (`engines.chat_token_ids`, the in-process path's own function) and sent as token ids to

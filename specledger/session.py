@@ -1,9 +1,11 @@
 """A measuring session: engines per ledger, one measurement per point, atomic recording.
 
 Shared by the pytest plugin and the demo so both measure the same way. Engines of a
-ledger start on first use and stay up for the session (they are expensive to start and
-the first points after a start run low, hence the warm-up); a point is measured once
-for all its arms and cached, so two drafters in one ledger share the baseline run.
+ledger start on first use and stay up for the session (they are expensive to start; each
+point warms them up at its own concurrency, see specledger.measure); a point is measured once
+for all its arms and cached, so two drafters in one ledger share the baseline run. The
+session also decides what a measurement may be compared with (the machine fingerprint),
+refuses to record on a busy machine, and says when a point needs more repeats.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from specledger import compare, engines, fingerprint, measure
 from specledger.report import config_differences
-from specledger.schema import Ledger, write_ledger
+from specledger.schema import SCHEMA_VERSION, Ledger, write_ledger
 
 if TYPE_CHECKING:
     from specledger.endpoints import HTTPMode
@@ -191,7 +193,7 @@ class SuiteSession:
         for arm in data["arms"]:
             arm.update(facts.get(arm["name"], {}))
         data["status"] = "measured"
-        data["schema_version"] = 2
+        data["schema_version"] = SCHEMA_VERSION
         data["protocol"] = measure.protocol_for(working)
         data["provenance"] = measure.provenance(self._infos[ledger.id], command=self.command,
                                                 wall_s=time.monotonic() - self._started, root=self.root,
