@@ -19,9 +19,6 @@ from typing import Any
 from specledger import stats
 from specledger.schema import Ledger
 
-#: Outcomes of a verification, worst first.
-OUTCOMES = ("failed", "changed", "inconclusive", "not comparable", "holds")
-
 
 @dataclass(frozen=True)
 class Check:

@@ -8,8 +8,10 @@ multiplier's bootstrap (``specledger.stats``). Each repeat is one steady-state w
 until two successive ones agree, since the first windows after a start or a concurrency change
 run low (ngram on the H200 was still rising over 5 repeats at c=64 after an engine-start
 warm-up). The window is sized from the warm-up: at least ``window.min_s`` seconds and at
-least ``window.min_rounds`` request latencies of the slowest arm, so c=1 and c=64 both see
-several rounds. Repeats start at ``repeats.min`` and a caller's ``more`` rule (an
+least ``window.min_rounds`` request latencies, so c=1 and c=64 both see several rounds. The
+latency is the slowest arm's (``window.sized_by: "slowest arm"``, the default), or each arm's
+own (``"each arm"``): then a slow control arm (a draft model at 0.3x) no longer stretches the
+fast arms' windows, which halves the GPU seconds of a four-arm point on the H200. Repeats start at ``repeats.min`` and a caller's ``more`` rule (an
 inconclusive verdict, a recording whose CI is still wide) adds pairs up to ``repeats.max``.
 """
 
@@ -100,11 +102,26 @@ def warm_up_arm(arm: Any, prompts: list[str], concurrency: int, sampling: Mappin
             "request_latency_s": latency}
 
 
+WINDOW_SIZED_BY = ("slowest arm", "each arm")
+
+
 def window_for(protocol: Mapping[str, Any], latencies_s: Sequence[float | None]) -> float:
     """Window seconds: at least min_s, and min_rounds request latencies of the slowest arm."""
     known = [lat for lat in latencies_s if lat]
     rounds = float(protocol["window"]["min_rounds"]) * (max(known) if known else 0.0)
     return round(max(float(protocol["window"]["min_s"]), rounds), 2)
+
+
+def windows_for(protocol: Mapping[str, Any], latencies_s: Mapping[str, float | None]) -> dict[str, float]:
+    """Each arm's window seconds, as ``window.sized_by`` says: one window for all (the slowest arm's
+    latency) or each arm's own."""
+    sized_by = protocol["window"].get("sized_by", "slowest arm")
+    if sized_by not in WINDOW_SIZED_BY:
+        raise ValueError(f"protocol.window.sized_by must be one of {WINDOW_SIZED_BY}, not {sized_by!r}")
+    if sized_by == "each arm":
+        return {name: window_for(protocol, [lat]) for name, lat in latencies_s.items()}
+    common = window_for(protocol, list(latencies_s.values()))
+    return {name: common for name in latencies_s}
 
 
 def first_index(repeat: int, concurrency: int, n_prompts: int, mode: str = "same") -> int:
@@ -141,7 +158,7 @@ def measure_point(ledger: Ledger, arms: Mapping[str, Any], workload: str, temper
         progress(f"{workload} T={temperature:g} c={concurrency} warm-up {name}: {w['windows']} windows, "
                  f"{w['seconds']:.0f} s, tok/s {w['output_tokens_per_s']}"
                  + ("" if w["converged"] else " (cap reached before two windows agreed)"))
-    window_s = window_for(protocol, [w["request_latency_s"] for w in warmups.values()])
+    window_s = windows_for(protocol, {name: w["request_latency_s"] for name, w in warmups.items()})
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     mode = sweep.get("repeat_prompts", "same")
     min_repeats, max_repeats = int(protocol["repeats"]["min"]), int(protocol["repeats"]["max"])
@@ -150,7 +167,7 @@ def measure_point(ledger: Ledger, arms: Mapping[str, Any], workload: str, temper
         order = names if r % 2 == 0 else list(reversed(names))
         for name in order:
             time.sleep(settle_s)
-            res = arms[name].run(prompts=prompts, concurrency=concurrency, sampling=sampling, window_s=window_s,
+            res = arms[name].run(prompts=prompts, concurrency=concurrency, sampling=sampling, window_s=window_s[name],
                                  first_index=first_index(r, concurrency, len(prompts), mode))
             runs[name].append(res)
             eta = (time.monotonic() - t_start) / max(1, sum(map(len, runs.values()))) \

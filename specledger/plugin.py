@@ -63,7 +63,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="with --ledger-record: write recorded ledgers into DIR instead of in place")
     group.addoption("--ledger-points", default=None, metavar="W:T:C,...",
                     help="only these points, e.g. 'copy:0:1,free-form:0:2' (workload:temperature:concurrency; "
-                         "'*' matches anything)")
+                         "'*' matches anything), measured in the order given")
+    group.addoption("--ledger-budget-s", default=None, type=float, metavar="SECONDS",
+                    help="start no point that would end past SECONDS after the session began (engine starts "
+                         "included; the estimate is the slowest point so far): for time-boxed GPU slots; the "
+                         "points left are skipped, and --ledger-record --ledger-only-missing resumes them")
     group.addoption("--ledger-strict", action="store_true", default=False,
                     help="an inconclusive point fails (default: shown as its own outcome, with its CI and the "
                          "repeats it would need)")
@@ -128,11 +132,18 @@ def parse_point_selection(text: str | None) -> list[PointSelector] | None:
     return selectors
 
 
-def point_selected(key: tuple[str, float, int], selectors: list[PointSelector] | None) -> bool:
+def selector_rank(key: tuple[str, float, int], selectors: list[PointSelector] | None) -> int | None:
+    """Index of the first selector that matches `key` (its place in the run order), or None."""
     if selectors is None:
-        return True
-    return any(w in ("*", key[0]) and (t is None or t == key[1]) and (c is None or c == key[2])
-               for w, t, c in selectors)
+        return 0
+    for rank, (w, t, c) in enumerate(selectors):
+        if w in ("*", key[0]) and (t is None or t == key[1]) and (c is None or c == key[2]):
+            return rank
+    return None
+
+
+def point_selected(key: tuple[str, float, int], selectors: list[PointSelector] | None) -> bool:
+    return selector_rank(key, selectors) is not None
 
 
 def _ledger_paths(config: pytest.Config) -> list[Path]:
@@ -150,7 +161,9 @@ def _points(ledger: Ledger, selectors: list[PointSelector] | None = None) -> Ite
             keys.append((point["workload"], float(point["temperature"]), int(point["concurrency"])))
     if ledger.data.get("sweep"):
         keys += [(w, float(t), int(c)) for (w, t, c) in ledger.grid()]
-    for key in sorted(k for k in set(keys) if point_selected(k, selectors)):
+    ranked = {k: selector_rank(k, selectors) for k in set(keys)}
+    # The selection's order is the run order: a time-boxed run measures the points it names first.
+    for key in sorted((k for k, rank in ranked.items() if rank is not None), key=lambda k: (ranked[k], k)):
         for arm in ledger.arms:
             yield LedgerPoint(ledger, arm["name"], *key)
 
@@ -204,7 +217,8 @@ def specledger(request: pytest.FixtureRequest) -> Iterator[Any]:
                            out_dir=Path(out) if out else None, progress=progress,
                            command=" ".join(["pytest", *config.invocation_params.args]),
                            only_missing=bool(config.getoption("--ledger-only-missing")), http=http,
-                           force_busy=bool(config.getoption("--ledger-force-busy")))
+                           force_busy=bool(config.getoption("--ledger-force-busy")),
+                           budget_s=config.getoption("--ledger-budget-s"))
     config.stash[_SESSION_KEY] = session
     try:
         yield session
@@ -238,6 +252,8 @@ def skip_reason(session: Any, point: LedgerPoint) -> str | None:
         return f"{point.test_id}: already recorded (--ledger-only-missing)"
     if not session.record and committed is None:
         return f"{point.test_id}: no committed figures for this point; run with --ledger-record"
+    if session.cached(point.ledger, point.key) is None:
+        return session.over_budget()
     return None
 
 

@@ -34,7 +34,8 @@ class BusyMachine(RuntimeError):
 class SuiteSession:
     def __init__(self, *, root: Path, record: bool, out_dir: Path | None = None,
                  progress: Progress = print, command: str | None = None, only_missing: bool = False,
-                 http: HTTPMode | None = None, force_busy: bool = False, adaptive: bool = True) -> None:
+                 http: HTTPMode | None = None, force_busy: bool = False, adaptive: bool = True,
+                 budget_s: float | None = None) -> None:
         if http is not None and record:
             raise ValueError("HTTP mode verifies only: a ledger's figures are recorded with in-process engines "
                              "(over HTTP the tokens/s include the client and server overhead)")
@@ -47,6 +48,7 @@ class SuiteSession:
         self.command = command
         self.force_busy = force_busy
         self.adaptive = adaptive
+        self.budget_s = budget_s
         self.results: list[tuple[str, Any]] = []
         self._machines: dict[str, dict[str, Any] | None] = {}
         self._arms: dict[str, dict[str, Any]] = {}
@@ -99,6 +101,18 @@ class SuiteSession:
         return self._infos.get(ledger_id, {})
 
     # -- measuring ---------------------------------------------------------------------------------------
+    def over_budget(self) -> str | None:
+        """Why no further point may start (None: it may): the next one, as slow as the slowest so far,
+        would end past ``budget_s`` seconds after the session began."""
+        if self.budget_s is None:
+            return None
+        elapsed = time.monotonic() - self._started
+        slowest = max((m.wall_s for m in self._cache.values()), default=0.0)
+        if elapsed + slowest <= self.budget_s:
+            return None
+        return (f"time budget: {elapsed:.0f} s spent, the slowest point took {slowest:.0f} s, the budget is "
+                f"{self.budget_s:.0f} s (resume with --ledger-record --ledger-only-missing)")
+
     def cached(self, ledger: Ledger, key: tuple[str, float, int]) -> measure.PointMeasurement | None:
         return self._cache.get((ledger.id, key))
 

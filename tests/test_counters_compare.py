@@ -219,6 +219,16 @@ def test_the_window_is_sized_by_duration_and_by_rounds():
     assert measure.window_for(protocol, [None]) == 5.0
 
 
+def test_windows_are_the_slowest_arms_unless_each_arm_sizes_its_own():
+    latencies = {"baseline": 0.3, "ngram": 0.5, "draft": 2.0}
+    common = {"window": {"min_s": 2.5, "min_rounds": 4}}
+    assert measure.windows_for(common, latencies) == {"baseline": 8.0, "ngram": 8.0, "draft": 8.0}
+    own = {"window": {"min_s": 2.5, "min_rounds": 4, "sized_by": "each arm"}}
+    assert measure.windows_for(own, latencies) == {"baseline": 2.5, "ngram": 2.5, "draft": 8.0}
+    with pytest.raises(ValueError, match="sized_by"):
+        measure.windows_for({"window": {"min_s": 1.0, "min_rounds": 1, "sized_by": "fastest"}}, latencies)
+
+
 def test_config_differences_ignore_the_drafter_itself():
     configs = {
         "baseline": {"async_scheduling": True, "max_num_seqs": 64},

@@ -8,17 +8,15 @@ them: ngram must win on copy in vLLM's own benchmark too, with the ledger's acce
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from specledger import crosscheck, endpoints, servers, stats
+from specledger import crosscheck, servers, stats
 from specledger.schema import load_ledger
 from specledger.stats import Estimate
 
@@ -177,28 +175,6 @@ def test_command_usage_and_unreachable_servers(capsys):
 # --------------------------------------------------------------------------------------------
 # real servers
 # --------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def cpu_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """The CPU ledger's two arms as live servers for this module (as tests/test_http.py starts them)."""
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM is not installed")
-    from specledger.models import resolve_model
-
-    ledger = load_ledger(LEDGER)
-    logs = tmp_path_factory.mktemp("servers")
-    t0 = time.monotonic()
-    started = endpoints.start_servers(ledger.data, resolve_model(ledger.data["target"]["model"]), log_dir=logs,
-                                      progress=lambda line: print(f"[crosscheck servers] {line}", flush=True))
-    print(f"[crosscheck servers] up in {time.monotonic() - t0:.0f} s (logs in {logs})", flush=True)
-    try:
-        yield {name: server.base_url for name, server in started.items()}
-    finally:
-        for server in started.values():
-            server.stop()
-        left = [name for name, server in started.items() if servers.group_alive(server.process.pid)]
-        assert not left, f"server process groups left running: {left}"
 
 
 @pytest.mark.engine

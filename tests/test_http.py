@@ -11,12 +11,10 @@ on captured /metrics text.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -157,29 +155,6 @@ def test_http_mode_never_records(tmp_path):
 def _say(config: pytest.Config, line: str) -> None:
     """Progress past pytest's capture (the servers take a minute each to start)."""
     plugin.say(config, f"[http {time.strftime('%H:%M:%S')}] {line}")
-
-
-@pytest.fixture(scope="module")
-def cpu_servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-                ) -> Iterator[dict[str, str]]:
-    """The CPU ledger's arms as two live servers for this module; gone before other engine tests measure."""
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM is not installed")
-    from specledger.models import resolve_model
-
-    model = resolve_model(load_ledger(LEDGER).data["target"]["model"])
-    logs = tmp_path_factory.mktemp("servers")
-    t0 = time.monotonic()
-    started = endpoints.start_servers(load_ledger(LEDGER).data, model, log_dir=logs,
-                                      progress=lambda line: _say(request.config, line))
-    _say(request.config, f"servers up in {time.monotonic() - t0:.0f} s (logs in {logs})")
-    try:
-        yield {name: server.base_url for name, server in started.items()}
-    finally:
-        for server in started.values():
-            server.stop()
-        left = [name for name, server in started.items() if servers.group_alive(server.process.pid)]
-        assert not left, f"server process groups left running: {left}"
 
 
 def _ledger_bytes() -> bytes:

@@ -44,7 +44,8 @@ import os
 from specledger import measure, session
 
 #: changed: ngram 10x faster in every repeat; noisy: ngram's repeats scattered +-40% around the committed ones
-FACTORS = {"changed": [10.0], "noisy": [0.6, 1.4, 0.8, 1.2, 1.0, 0.7, 1.3]}[os.environ["FAKE_MODE"]]
+FACTORS = {"changed": [10.0], "noisy": [0.6, 1.4, 0.8, 1.2, 1.0, 0.7, 1.3], "same": [1.0]}[os.environ["FAKE_MODE"]]
+WALL_S = float(os.environ.get("FAKE_WALL_S", "0.1"))
 
 
 def fake_measure(self, ledger, key):
@@ -53,20 +54,21 @@ def fake_measure(self, ledger, key):
     tps["repeats"] = [v * FACTORS[i % len(FACTORS)] for i, v in enumerate(tps["repeats"])]
     timings = {name: [{"window_s": 5.0, "output_tokens": int(v * 5), "output_tokens_per_s": v}
                       for v in res["output_tokens_per_s"]["repeats"]] for name, res in point["arms"].items()}
-    return self._cache.setdefault((ledger.id, key), measure.PointMeasurement(key, point, timings, 0.1))
+    return self._cache.setdefault((ledger.id, key), measure.PointMeasurement(key, point, timings, WALL_S))
 
 
 session.SuiteSession.measure = fake_measure
 '''
 
 
-def _fake_run(tmp_path: Path, mode: str, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+def _fake_run(tmp_path: Path, mode: str, *extra: str, select: tuple[str, ...] = ("-k", "copy-T0-c1"),
+              wall_s: float = 0.1) -> tuple[subprocess.CompletedProcess, Path]:
     (tmp_path / "fake_measure.py").write_text(FAKE_MEASURE)
     report = tmp_path / "bench.json"
-    env = dict(__import__("os").environ, PYTHONPATH=f"{tmp_path}:{ROOT}", FAKE_MODE=mode)
+    env = dict(__import__("os").environ, PYTHONPATH=f"{tmp_path}:{ROOT}", FAKE_MODE=mode, FAKE_WALL_S=str(wall_s))
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "tests/test_ledgers.py", "-p", "no:cacheprovider", "-p", "fake_measure",
-         "-q", "-m", "not gpu", "-o", "addopts=", "--ledger", "ledgers/cpu-smollm2.json", "-k", "copy-T0-c1",
+         "-q", "-m", "not gpu", "-o", "addopts=", "--ledger", "ledgers/cpu-smollm2.json", *select,
          "--benchmark-json", str(report), *extra],
         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     return proc, report
@@ -102,3 +104,18 @@ def test_an_inconclusive_point_is_its_own_outcome_and_fails_only_when_strict(tmp
     assert "1 inconclusive" in summary and "repeats needed" in out, out[-3000:]
     strict, _ = _fake_run(tmp_path, "noisy", "--ledger-strict")
     assert strict.returncode == 1 and "inconclusive" in strict.stdout, strict.stdout[-3000:]
+
+
+def test_points_run_in_the_selections_order_and_stop_at_the_time_budget(tmp_path: Path) -> None:
+    """A time-boxed GPU slot: `--ledger-points` is the run order, and once the next point (as slow as the
+    slowest so far, here a fake 100 s) would end past `--ledger-budget-s`, the rest are skipped."""
+    proc, _ = _fake_run(tmp_path, "same", "-v", "-v", "-rs", "--ledger-budget-s", "50",
+                        select=("--ledger-points", "free-form:0:2,copy:0:1"), wall_s=100.0)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    ran = [line.split("[", 1)[1].split("]")[0] for line in out.splitlines() if line.startswith("tests/test_ledgers.py::")]
+    assert ran[:2] == ["cpu-smollm2-baseline-free-form-T0-c2", "cpu-smollm2-ngram-free-form-T0-c2"], out[-3000:]
+    assert all("PASSED" in line for line in out.splitlines() if "free-form-T0-c2" in line and "::" in line)
+    skipped = [line for line in out.splitlines() if "copy-T0-c1" in line and "::" in line]
+    assert skipped and all("SKIPPED" in line for line in skipped), out[-3000:]
+    assert "time budget" in out and "--ledger-only-missing" in out

@@ -1,0 +1,42 @@
+"""Fixtures several test modules share."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from specledger import endpoints, plugin, servers
+from specledger.schema import load_ledger
+
+CPU_LEDGER = Path(__file__).resolve().parents[1] / "ledgers" / "cpu-smollm2.json"
+
+
+@pytest.fixture(scope="module")
+def cpu_servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+                ) -> Iterator[dict[str, str]]:
+    """The CPU ledger's arms as two live servers for the requesting module; gone before other engine tests
+    measure (module scope: idle servers would take CPU from them)."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed")
+    from specledger.models import resolve_model
+
+    def say(line: str) -> None:
+        plugin.say(request.config, f"[servers {time.strftime('%H:%M:%S')}] {line}")
+
+    ledger = load_ledger(CPU_LEDGER)
+    logs = tmp_path_factory.mktemp("servers")
+    t0 = time.monotonic()
+    started = endpoints.start_servers(ledger.data, resolve_model(ledger.data["target"]["model"]), log_dir=logs,
+                                      progress=say)
+    say(f"servers up in {time.monotonic() - t0:.0f} s (logs in {logs})")
+    try:
+        yield {name: server.base_url for name, server in started.items()}
+    finally:
+        for server in started.values():
+            server.stop()
+        left = [name for name, server in started.items() if servers.group_alive(server.process.pid)]
+        assert not left, f"server process groups left running: {left}"
