@@ -188,7 +188,8 @@ def _run_demo(argv: list[str]) -> int:
 
 def _audit_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("reports", nargs="+", metavar="REPORT.md", help="Markdown files with claim marks")
-    parser.add_argument("--ledgers", default="ledgers", metavar="DIR", help="where the ledgers are (default: ledgers)")
+    parser.add_argument("--ledgers", action="append", default=None, metavar="PATH",
+                        help="a folder of ledgers, or one ledger file (repeatable; default: ledgers)")
     parser.add_argument("--strict", action="store_true", help="unaudited numbers fail the run too")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only what fails and the summary")
 
@@ -205,7 +206,7 @@ def cmd_audit_report(args: argparse.Namespace) -> int:
     if missing:
         raise _UsageError(f"no such report: {' '.join(missing)}")
     try:
-        ledgers = LedgerSet.load([args.ledgers])
+        ledgers = LedgerSet.load(args.ledgers or ["ledgers"])
     except FileNotFoundError as e:
         raise _UsageError(str(e)) from None
     for problem in ledgers.problems:
