@@ -60,22 +60,30 @@ __all__ = [
 #: Figures of one arm at one point (workload, temperature, concurrency).
 POINT_METRICS = (
     "multiplier",
+    "multiplier.low",
+    "multiplier.high",
     "multiplier_vs_matched",
+    "multiplier_vs_matched.low",
+    "multiplier_vs_matched.high",
     "acceptance_length",
     "acceptance_rate",
     "output_tokens_per_s",
+    "output_tokens_per_s.mean",
     "output_tokens_per_s.min",
     "output_tokens_per_s.max",
     "spread",
 )
+#: `.low`/`.high` of a multiplier: the bounds of its stored 95% CI (protocol v3 points).
+_CI_BOUNDS = {"low": 0, "high": 1}
 #: Figures of one arm as a whole (its KV cache); `sessions` also needs ctx=.
 ARM_METRICS = ("kv_cache_tokens", "kv_cache_change", "sessions")
 CRITICAL = "critical_concurrency"
 METRICS = (*POINT_METRICS, *ARM_METRICS, CRITICAL)
 #: Which claims can vouch for a visible number with this unit.
 UNIT_METRICS: dict[str, tuple[str, ...]] = {
-    "x": ("multiplier", "multiplier_vs_matched"),
-    "tok/s": ("output_tokens_per_s", "output_tokens_per_s.min", "output_tokens_per_s.max"),
+    "x": ("multiplier", "multiplier.low", "multiplier.high", "multiplier_vs_matched", "multiplier_vs_matched.low",
+          "multiplier_vs_matched.high"),
+    "tok/s": ("output_tokens_per_s", "output_tokens_per_s.mean", "output_tokens_per_s.min", "output_tokens_per_s.max"),
 }
 CROSSING_WORDS = ("no-crossing", "stays-above", "starts-below")
 
@@ -542,6 +550,12 @@ def _point_sources(ledger: Ledger, metric: str, s: Subject) -> list[_Source]:
     rounding = ledger.rounding_for(point)
     tps = rounding["output_tokens_per_s"]
     acc = result.get("acceptance") or {}
+    figure, _, bound = metric.partition(".")
+    if figure in ("multiplier", "multiplier_vs_matched") and bound in _CI_BOUNDS:
+        ci = result.get(f"{figure}_ci95")
+        if not ci:
+            raise Unresolved(f"arm {s.arm!r} states no {figure}_ci95 at this point (a protocol-v3 figure)")
+        return _stored(f"stored {figure}_ci95 {bound}", ci[_CI_BOUNDS[bound]], rounding["multiplier"])
     if metric == "multiplier":
         return _stored("stored multiplier", result.get("multiplier"), rounding["multiplier"]) + _ratio(
             "ratio of medians", point, s.arm, ledger.baseline_arm_for(s.arm), tps

@@ -128,13 +128,17 @@ def _throughput(result: dict[str, Any] | None) -> dict[str, Any]:
 def _multiplier_spread(point: dict[str, Any], arm: str, base: str | None) -> tuple[float, float, str] | None:
     """The multiplier's spread over repeats: (low, high, what it is), or None when the ledger has none.
 
-    Repeats are paired (same prompts, same repeat, interleaved), so when both arms list their
+    A protocol-v3 point states the multiplier's 95% CI (paired bootstrap, `specledger.stats`):
+    that is the bar. Older points: repeats are paired (same prompts, same repeat, interleaved), so when both arms list their
     repeats the honest spread is min..max of the per-repeat ratios spec_r / base_r. Without
     paired repeats it falls back to the spec arm's min..max over the baseline median, which
     ignores the baseline's own noise (so it understates the spread).
     """
     if base is None:
         return None
+    ci = (point["arms"].get(arm) or {}).get("multiplier_ci95")
+    if ci and ci[0] is not None and ci[1] is not None:  # protocol v3: the paired bootstrap's interval
+        return float(ci[0]), float(ci[1]), "95% CI (paired bootstrap)"
     spec, baseline = _throughput(point["arms"].get(arm)), _throughput(point["arms"].get(base))
     spec_repeats, base_repeats = spec.get("repeats") or [], baseline.get("repeats") or []
     if spec_repeats and len(spec_repeats) == len(base_repeats) and all(b > 0 for b in base_repeats):
@@ -212,6 +216,15 @@ def _plain_log_y(ax: Axes, low: float, high: float) -> None:
     ax.yaxis.set_minor_formatter(plain if high < 10 * low else NullFormatter())
 
 
+def _ci_bracket(spreads: dict[int, tuple[float, float, str] | None]) -> tuple[int | None, int] | None:
+    """`theory.loss_bracket` over the points' 95% CIs (None unless every point has one)."""
+    cis = {c: s for c, s in spreads.items() if s is not None and s[2].startswith("95% CI")}
+    if not cis or len(cis) != len(spreads):
+        return None
+    cs = sorted(cis)
+    return theory.loss_bracket(cs, [cis[c][0] for c in cs], [cis[c][1] for c in cs])
+
+
 def _crossing_text(kind: str, value: float, row: pd.Series) -> str:
     if kind == "crosses":
         low, high = row["between"]
@@ -232,9 +245,9 @@ def _crossing_text(kind: str, value: float, row: pd.Series) -> str:
 def multiplier_figure(ledger: Ledger) -> Figure:
     """Multiplier vs concurrency, one panel per speculative arm, one line per workload x temperature.
 
-    Lines join the stated multipliers (ratio of medians). Vertical bars are the repeat spread of
-    the multiplier (see `_multiplier_spread`: min..max of the paired per-repeat ratios, else the
-    spec arm's min..max over the baseline median); they are nudged sideways by a few pixels per
+    Lines join the stated multipliers. Vertical bars are the multiplier's uncertainty (see
+    `_multiplier_spread`: the 95% CI of a v3 point, else min..max of the paired per-repeat ratios,
+    else the spec arm's min..max over the baseline median); they are nudged sideways by a few pixels per
     line so that lines sharing a concurrency do not hide each other's bars, while markers and
     lines stay at the true concurrency. The 1.0 line is break-even; a cross marker
     on it sits at `theory.critical_concurrency`'s interpolated crossing (gid
@@ -275,10 +288,17 @@ def multiplier_figure(ledger: Ledger) -> Figure:
             ys = [float(m) for m in group["multiplier"]]
             if row is not None:
                 label += ": " + _crossing_text(row["kind"], row["value"], row)
-                above = [str(c) for c, m in zip(xs, ys, strict=True) if m >= 1.0]
-                if row["kind"] == "starts-below" and above:
-                    # theory reports the first loss only; say when the curve comes back above break-even
-                    label += f" (>= 1.0 again at c={', '.join(above)})"
+                spreads = {c: _multiplier_spread(p, arm, base) for c in xs
+                           if (p := ledger.find_point(workload, temperature, c)) is not None}
+                bracket = _ci_bracket(spreads)
+                if row["kind"] == "crosses" and bracket is not None:
+                    label += f"; with the CIs between {bracket[0] or 'below ' + str(xs[0])} and {bracket[1]}"
+                first_loss = next((c for c, m in zip(xs, ys, strict=True) if m < 1.0), None)
+                again = [str(c) for c, m in zip(xs, ys, strict=True)
+                         if first_loss is not None and c > first_loss and m >= 1.0]
+                if again:
+                    # theory reports the first loss only; say where the curve comes back above break-even
+                    label += f" (>= 1.0 again at c={', '.join(again)})"
             ax.plot(
                 xs,
                 ys,

@@ -260,6 +260,29 @@ def critical_concurrency(
     return Crossing("stays-above", None, None, thr, rng)
 
 
+def loss_bracket(
+    concurrencies: Sequence[int], lows: Sequence[float], highs: Sequence[float], threshold: float = 1.0
+) -> tuple[int | None, int] | None:
+    """Where the first loss lies at the confidence of the points' intervals (95% CIs in v3 ledgers).
+
+    Returns (the last concurrency before it whose interval lies wholly above ``threshold``, or
+    None if none does; the first concurrency whose interval lies wholly below), or None when no
+    interval lies wholly below. `critical_concurrency` interpolates between point estimates; this
+    says how far the crossing can move once the noise is counted: a curve whose c=2 interval
+    straddles 1.0 crosses somewhere between the last certain win and the first certain loss.
+    """
+    thr = _real("threshold", threshold)
+    if not (len(concurrencies) == len(lows) == len(highs)):
+        raise ValueError(f"length mismatch: {len(concurrencies)} concurrencies, {len(lows)} lows, {len(highs)} highs")
+    last_win: int | None = None
+    for c, low, high in sorted(zip(concurrencies, lows, highs, strict=True)):
+        if _real(f"upper bound at concurrency {c}", high) < thr:
+            return last_win, int(c)
+        if _real(f"lower bound at concurrency {c}", low) > thr:
+            last_win = int(c)
+    return None
+
+
 # --------------------------------------------------------------------------------------------
 # capacity and fleet mix
 # --------------------------------------------------------------------------------------------

@@ -395,3 +395,22 @@ def test_summary_line_counts(ledgers, tmp_path):
     report.write_text("<!-- claim: test-small eagle copy T=0 c=1 multiplier = 1.8 -->\n9.9x\n")
     audit = audit_report(report, ledgers)
     assert summary_line([audit, audit]) == "2 claims: 2 hold, 0 fail, 0 unresolved; 2 unaudited numbers"
+
+
+def test_ci_bounds_and_means_of_v3_points_are_claims(tmp_path):
+    """`.low`/`.high` check a v3 multiplier's stored 95% CI; `.mean` the mean window throughput; a
+    point without a CI (older protocols) leaves the claim unresolved, not silently held."""
+    from specledger.claims import LedgerSet, audit_report
+
+    report = tmp_path / "r.md"
+    report.write_text(
+        "a <!-- claim: h200-smollm2-copy ngram copy T=0 c=1 multiplier.low = 1.099 -->\n"
+        "b <!-- claim: h200-smollm2-copy ngram copy T=0 c=1 multiplier_vs_matched.high = 1.367 -->\n"
+        "c <!-- claim: h200-smollm2-copy baseline copy T=0 c=1 output_tokens_per_s.mean = 439.5 -->\n"
+        "d <!-- claim: h200-smollm2-copy ngram copy T=0 c=1 multiplier.high = 1.2 -->\n"
+        "e <!-- claim: h200-smollm2-free-form ngram free-form T=0 c=1 multiplier.low = 0.2 -->\n")
+    ledgers = LedgerSet.load([ROOT / "ledgers"])
+    audit = audit_report(report, ledgers)
+    statuses = [v.status for v in audit.verdicts]
+    assert statuses == ["holds", "holds", "holds", "fails", "unresolved"], [v.reason for v in audit.verdicts]
+    assert "multiplier_ci95" in audit.verdicts[4].reason

@@ -129,6 +129,26 @@ def test_spread_bars_are_paired_repeat_ratios():
     assert ranges[-1] == pytest.approx((min(ratios), max(ratios)))
 
 
+def test_v3_bars_are_the_multipliers_95ci_and_the_legend_brackets_the_crossing():
+    """A v3 point states its paired-bootstrap CI: that is the bar, and the legend says where the
+    crossing can lie once the CIs count, and where the curve comes back above 1.0."""
+    v3 = load_ledger(ROOT / "ledgers" / "h200-smollm2-copy.json")
+    fig = multiplier_figure(v3)
+    ngram = fig.axes[0]
+    bars = sorted((seg[0][0], seg[0][1], seg[1][1]) for c in ngram.collections if isinstance(c, LineCollection)
+                  for seg in c.get_segments())
+    stated = sorted((p["concurrency"], *p["arms"]["ngram"]["multiplier_ci95"]) for p in v3.points)
+    assert [(lo, hi) for _, lo, hi in bars] == [(lo, hi) for _, lo, hi in stated]
+    label = next(li.get_label() for li in ngram.get_lines() if li.get_label().startswith("ngram copy T=0"))
+    lows = {p["concurrency"]: p["arms"]["ngram"]["multiplier_ci95"][0] for p in v3.points}
+    highs = {p["concurrency"]: p["arms"]["ngram"]["multiplier_ci95"][1] for p in v3.points}
+    cs = sorted(lows)
+    win, loss = theory.loss_bracket(cs, [lows[c] for c in cs], [highs[c] for c in cs])
+    assert f"with the CIs between {win} and {loss}" in label
+    assert ">= 1.0 again at c=" in label
+    assert "bars: 95% CI (paired bootstrap)" in (ngram.get_legend().get_title().get_text())
+
+
 def test_throughput_panels_and_arms():
     fig = throughput_figure(H200)
     panels = [ax for ax in fig.axes if ax.get_title()]

@@ -13,6 +13,7 @@ from specledger.theory import (
     alpha_from_acceptance_length,
     critical_concurrency,
     expected_tokens_per_step,
+    loss_bracket,
     mix_multiplier,
     sessions,
     speedup,
@@ -417,3 +418,34 @@ def test_predicted_pass_rate_matches_a_simulated_rerun() -> None:
     inside = sum(1 - tol <= multiplier() / multiplier() <= 1 + tol for _ in range(trials)) / trials
     predicted = within_tolerance_probability(rerun_multiplier_sd(cv, cv, n), tol)
     assert inside == pytest.approx(predicted, abs=0.05)
+
+
+def test_loss_bracket_is_between_the_last_certain_win_and_the_first_certain_loss():
+    cs = [1, 2, 4, 8, 16, 64]
+    lows = [1.10, 0.81, 0.59, 0.76, 0.95, 1.45]
+    highs = [1.29, 1.07, 0.84, 0.96, 1.26, 1.77]
+    assert loss_bracket(cs, lows, highs) == (1, 4)
+    assert loss_bracket(cs[::-1], lows[::-1], highs[::-1]) == (1, 4)  # order does not matter
+    assert loss_bracket([1, 2], [0.9, 0.8], [1.1, 0.95]) == (None, 2)  # no certain win before the loss
+    assert loss_bracket([1, 2], [1.1, 0.9], [1.3, 1.1]) is None  # no certain loss: no bracket
+    with pytest.raises(ValueError, match="length mismatch"):
+        loss_bracket([1, 2], [1.0], [1.0, 1.0])
+
+
+@given(st.lists(st.tuples(st.floats(0.1, 3.0), st.floats(0.0, 1.0)), min_size=1, max_size=8))
+def test_loss_bracket_brackets_the_interpolated_crossing(points):
+    """Each estimate sits inside its interval, so a certain loss means the point-estimate curve has
+    crossed by then, and the last certain win comes before the first certain loss."""
+    cs = [2 ** i for i in range(len(points))]
+    mids = [m for m, _ in points]
+    lows = [m - w for m, w in points]
+    highs = [m + w for m, w in points]
+    bracket = loss_bracket(cs, lows, highs)
+    crossing = critical_concurrency(cs, mids)
+    if bracket is None:
+        return
+    win, loss = bracket
+    assert crossing.kind in ("crosses", "starts-below")
+    if crossing.kind == "crosses":
+        assert crossing.value <= loss
+    assert win is None or win < loss
