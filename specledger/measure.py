@@ -11,8 +11,10 @@ warm-up). The window is sized from the warm-up: at least ``window.min_s`` second
 least ``window.min_rounds`` request latencies, so c=1 and c=64 both see several rounds. The
 latency is the slowest arm's (``window.sized_by: "slowest arm"``, the default), or each arm's
 own (``"each arm"``): then a slow control arm (a draft model at 0.3x) no longer stretches the
-fast arms' windows, which halves the GPU seconds of a four-arm point on the H200. Repeats start at ``repeats.min`` and a caller's ``more`` rule (an
-inconclusive verdict, a recording whose CI is still wide) adds pairs up to ``repeats.max``.
+fast arms' windows (on the H200's four-arm SmolLM2 ledger, 2.5 s windows instead of 3.1-5.6 s for
+three of the four arms: about a third fewer GPU seconds per repeat). Repeats start at
+``repeats.min`` and a caller's ``more`` rule (an inconclusive verdict, a recording whose CI is
+still wide) adds pairs up to ``repeats.max``.
 """
 
 from __future__ import annotations

@@ -129,8 +129,8 @@ def _multiplier_spread(point: dict[str, Any], arm: str, base: str | None) -> tup
     """The multiplier's spread over repeats: (low, high, what it is), or None when the ledger has none.
 
     A protocol-v3 point states the multiplier's 95% CI (paired bootstrap, `specledger.stats`):
-    that is the bar. Older points: repeats are paired (same prompts, same repeat, interleaved), so when both arms list their
-    repeats the honest spread is min..max of the per-repeat ratios spec_r / base_r. Without
+    that is the bar. Older points: repeats are paired (same prompts, same repeat, interleaved), so
+    when both arms list their repeats the honest spread is min..max of the per-repeat ratios spec_r / base_r. Without
     paired repeats it falls back to the spec arm's min..max over the baseline median, which
     ignores the baseline's own noise (so it understates the spread).
     """

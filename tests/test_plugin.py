@@ -113,7 +113,8 @@ def test_points_run_in_the_selections_order_and_stop_at_the_time_budget(tmp_path
                         select=("--ledger-points", "free-form:0:2,copy:0:1"), wall_s=100.0)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
-    ran = [line.split("[", 1)[1].split("]")[0] for line in out.splitlines() if line.startswith("tests/test_ledgers.py::")]
+    ran = [line.split("[", 1)[1].split("]")[0] for line in out.splitlines()
+           if line.startswith("tests/test_ledgers.py::")]
     assert ran[:2] == ["cpu-smollm2-baseline-free-form-T0-c2", "cpu-smollm2-ngram-free-form-T0-c2"], out[-3000:]
     assert all("PASSED" in line for line in out.splitlines() if "free-form-T0-c2" in line and "::" in line)
     skipped = [line for line in out.splitlines() if "copy-T0-c1" in line and "::" in line]
