@@ -531,6 +531,46 @@ def _migrate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="with -o: replace ledgers that already exist in DIR")
 
 
+def _replan_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("ledger", metavar="LEDGER", help="the ledger whose conditions to plan again")
+    parser.add_argument("-o", "--out", required=True, metavar="FILE", help="the planned ledger to write")
+    parser.add_argument("--protocol", metavar="JSON", default=None,
+                        help='protocol v3 settings over the defaults, e.g. \'{"window": {"min_s": 2.5}}\'')
+    parser.add_argument("--note", default=None, help="the planned ledger's note (default: where it came from)")
+    parser.add_argument("--force", action="store_true", help="replace FILE if it exists")
+
+
+@command(
+    "replan",
+    "write a planned ledger with another ledger's conditions (arms, workloads, grid, tolerances, accelerator) "
+    "and no figure, to record it again with protocol v3",
+    _replan_arguments,
+)
+def cmd_replan(args: argparse.Namespace) -> int:
+    import json
+
+    from specledger.migrate import replan_data
+    from specledger.schema import Ledger, load_ledger, write_ledger
+
+    try:
+        protocol = json.loads(args.protocol) if args.protocol else None
+    except json.JSONDecodeError as e:
+        raise _UsageError(f"--protocol: not JSON: {e}") from None
+    if protocol is not None and not isinstance(protocol, dict):
+        raise _UsageError("--protocol: expected a JSON object of protocol sections")
+    source = load_ledger(args.ledger)
+    try:
+        data = replan_data(source.data, protocol, note=args.note)
+    except ValueError as e:
+        raise _UsageError(f"--protocol: {e}") from None
+    if Path(args.out).exists() and not args.force:
+        raise _UsageError(f"-o {args.out}: exists; pass --force to replace it")
+    write_ledger(Path(args.out), data, overwrite=args.force)
+    grid = list(Ledger(Path(args.out), data).grid())
+    print(f"{args.out}: planned {data['id']} ({len(data['arms'])} arms, {len(grid)} grid points, protocol v3)")
+    return EXIT_OK
+
+
 @command(
     "migrate",
     "rewrite schema version 1 ledgers as version 2 (points marked protocol_version 1, no figure changed); "

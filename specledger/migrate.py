@@ -1,4 +1,4 @@
-"""Rewrite schema version 1 ledgers as version 2 without inventing a figure.
+"""Rewrite schema version 1 ledgers as version 2 without inventing a figure; plan a re-recording.
 
 Why: version 2 marks which measurement protocol produced each point, so that figures measured
 before protocol v3 (one closed-loop burst per repeat) are never read as v3 figures. The rewrite
@@ -6,6 +6,11 @@ only sets `schema_version` to 2 and marks every point that holds figures `"proto
 (placed after its conditions); nothing else changes, key order included, so the diff of a
 migrated ledger is those lines alone. A version 2 ledger is left as it is. Every result is
 validated against version 2 before it is printed or written (`schema.write_ledger`, atomic).
+
+`replan_data` is the other way to a current ledger: a ledger whose figures came from an older
+protocol is not edited into a newer one, it is measured again. It keeps the conditions (target,
+arms, workloads, sampling, sweep grid, tolerances, rounding) and the accelerator the ledger is meant
+for, so `-m gpu` still selects a planned GPU ledger, and drops every figure and every measured fact.
 """
 
 from __future__ import annotations
@@ -17,9 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specledger.schema import SCHEMA_VERSION, Ledger, dump_ledger, load_ledger, parse_ledger
+from specledger.schema import DEFAULT_PROTOCOL, SCHEMA_VERSION, Ledger, dump_ledger, load_ledger, parse_ledger
 
-__all__ = ["Migration", "has_figures", "migrate_data", "migrate_file"]
+__all__ = ["Migration", "has_figures", "migrate_data", "migrate_file", "replan_data"]
+
+#: What a recording writes into an arm (its engine's facts): a planned ledger states none of them.
+_MEASURED_ARM_KEYS = ("effective_config", "kv_cache", "sessions")
+#: Protocol v1/v2 sweep keys that protocol v3 replaces with `protocol` (repeats, window, warm-up).
+_V1_SWEEP_KEYS = ("repeats", "requests_per_repeat", "warmup_requests")
+#: Top-level keys that hold measured or derived figures.
+_FIGURE_KEYS = ("provenance", "critical_concurrency", "claims")
 
 #: Keys a point's protocol_version goes after (the point's conditions), in this order of preference.
 _CONDITION_KEYS = ("concurrency", "temperature", "workload")
@@ -97,3 +109,35 @@ def migrate_file(path: str | os.PathLike[str]) -> Migration:
     data = migrate_data(ledger.data)
     parse_ledger(dump_ledger(data), str(path))
     return Migration(Path(path), ledger, data)
+
+
+def replan_data(data: Mapping[str, Any], protocol: Mapping[str, Any] | None = None,
+                note: str | None = None) -> dict[str, Any]:
+    """A planned ledger with `data`'s conditions, for recording again under protocol v3.
+
+    `protocol` overrides the defaults per section (``{"window": {"min_s": 2.5}}`` keeps the other
+    window keys); the accelerator kind, name and count survive, so a GPU ledger stays one. The old
+    notes describe the old figures and are dropped; `note` (or a line naming the source) replaces them.
+    """
+    out = copy.deepcopy(dict(data))
+    accelerator = (out.get("provenance") or {}).get("accelerator")
+    for key in _FIGURE_KEYS:
+        out.pop(key, None)
+    if accelerator:
+        out["provenance"] = {"accelerator": {k: v for k, v in accelerator.items() if k in ("kind", "name", "count")}}
+    out["schema_version"] = SCHEMA_VERSION
+    out["status"] = "planned"
+    out["points"] = []
+    for arm in out.get("arms", []):
+        for key in _MEASURED_ARM_KEYS:
+            arm.pop(key, None)
+    out["sweep"] = {k: v for k, v in (out.get("sweep") or {}).items() if k not in _V1_SWEEP_KEYS}
+    merged: dict[str, Any] = copy.deepcopy(DEFAULT_PROTOCOL)
+    for key, value in (protocol or {}).items():
+        if key not in merged:
+            raise ValueError(f"protocol has no setting {key!r} (known: {', '.join(merged)})")
+        merged[key] = {**merged[key], **value} if isinstance(merged[key], dict) else value
+    out["protocol"] = merged
+    out["notes"] = [note or f"Planned from {data.get('id')!r} ({data.get('status')}) to be recorded with protocol v3: "
+                    "its figures, if any, stay wherever that ledger was kept."]
+    return out

@@ -11,6 +11,7 @@ refuses to record on a busy machine, and says when a point needs more repeats.
 from __future__ import annotations
 
 import copy
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -58,6 +59,8 @@ class SuiteSession:
         self._started = time.monotonic()
         self._failed_start: dict[str, BaseException] = {}
         self._failed_arms: dict[str, dict[str, BaseException]] = {}
+        self._model_build_s: dict[str, float] = {}
+        self._engine_starts_s: dict[str, float] = {}
 
     # -- engines -----------------------------------------------------------------------------------------
     def arms_for(self, ledger: Ledger) -> dict[str, Any]:
@@ -71,8 +74,10 @@ class SuiteSession:
             self.close()
             from specledger.models import resolve_model
 
+            t_model = time.monotonic()
             model = resolve_model(ledger.data["target"]["model"])
             t0 = time.monotonic()
+            self._model_build_s[ledger.id] = t0 - t_model
             failures: dict[str, BaseException] = {}
             try:
                 if self.http is not None:
@@ -85,6 +90,7 @@ class SuiteSession:
                 self._failed_start[ledger.id] = exc
                 raise
             self._failed_arms[ledger.id] = failures
+            self._engine_starts_s[ledger.id] = time.monotonic() - t0
             self._arms[ledger.id] = arms
             self._infos[ledger.id] = {name: arm.info for name, arm in arms.items()}
             self.progress(f"{ledger.id}: {len(arms)} arms up in {time.monotonic() - t0:.0f} s")
@@ -212,6 +218,7 @@ class SuiteSession:
         data["provenance"] = measure.provenance(self._infos[ledger.id], command=self.command,
                                                 wall_s=time.monotonic() - self._started, root=self.root,
                                                 machine=self.machine(ledger))
+        data["provenance"]["time_s"] = self.time_breakdown(ledger.id)
         target = self._target_path(ledger)
         write_ledger(target, data, overwrite=True)
         return target
@@ -224,6 +231,31 @@ class SuiteSession:
         return self.out_dir / ledger.path.name
 
     # -- reporting ---------------------------------------------------------------------------------------
+    def time_breakdown(self, ledger_id: str) -> dict[str, Any]:
+        """Where this run's seconds went for one ledger (GPU time is the scarce resource: the split says
+        what a faster start would buy): model build, engine starts (each arm's build), the points'
+        measurement, and staging before the run when ``SPECLEDGER_STAGING_S`` says (the visit's own
+        count, which this process cannot see)."""
+        walls = [m.wall_s for (lid, _), m in self._cache.items() if lid == ledger_id]
+        builds = {name: round(float(info["start_timings"]["ready_at"] - info["start_timings"]["build_started_at"]), 1)
+                  for name, info in self._infos.get(ledger_id, {}).items() if info.get("start_timings")}
+        out: dict[str, Any] = {
+            "model_build": round(self._model_build_s.get(ledger_id, 0.0), 1),
+            "engine_starts": round(self._engine_starts_s.get(ledger_id, 0.0), 1),
+            "engine_builds": builds,
+            "measurement": round(sum(walls), 1),
+            "points": len(walls),
+            "per_point": round(sum(walls) / len(walls), 1) if walls else None,
+            "session": round(time.monotonic() - self._started, 1),
+        }
+        staging = os.environ.get("SPECLEDGER_STAGING_S")
+        if staging:
+            try:
+                out["staging"] = round(float(staging), 1)
+            except ValueError:
+                raise ValueError(f"SPECLEDGER_STAGING_S={staging!r}: expected seconds") from None
+        return out
+
     def timing_records(self) -> list[dict[str, Any]]:
         return [{"ledger": lid, "workload": key[0], "temperature": key[1], "concurrency": key[2],
                  "point_wall_s": m.wall_s, "arms": m.timings} for (lid, key), m in self._cache.items()]
@@ -240,6 +272,15 @@ class SuiteSession:
                 kv = info["kv_cache"]
                 lines.append(f"  KV cache {name}: {kv['tokens']} tokens "
                              f"({kv['num_blocks']} blocks x {kv['block_size']})")
+        for lid in self._infos:
+            t = self.time_breakdown(lid)
+            lines.append(f"specledger {lid} seconds: "
+                         + (f"staging {t['staging']}, " if "staging" in t else "")
+                         + f"model build {t['model_build']}, engine starts {t['engine_starts']} ("
+                         + ", ".join(f"{a} {s}" for a, s in t["engine_builds"].items())
+                         + f"), measurement {t['measurement']} over {t['points']} points"
+                         + (f" ({t['per_point']} per point)" if t["per_point"] else "")
+                         + f"; session {t['session']}")
         if self._recorded:
             for lid, ledger in self._recorded.items():
                 lines.append(f"specledger recorded {lid} -> {self._target_path(ledger)}")

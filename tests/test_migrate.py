@@ -10,7 +10,7 @@ import pytest
 
 from specledger import schema
 from specledger.cli import main
-from specledger.migrate import has_figures, migrate_data, migrate_file
+from specledger.migrate import has_figures, migrate_data, migrate_file, replan_data
 from specledger.schema import LedgerError, dump_ledger, load_ledger, parse_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -278,3 +278,35 @@ def test_usage_errors(argv, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2
     assert capsys.readouterr().err
+
+
+BURST = ROOT / "tests" / "data" / "h200-smollm2-copy-burst.json"
+
+
+def test_replan_keeps_the_conditions_and_the_gpu_and_drops_every_figure():
+    source = load_ledger(BURST)
+    data = replan_data(source.data, {"window": {"min_s": 2.5, "sized_by": "each arm"}})
+    planned = parse_ledger(dump_ledger(data), "planned.json")
+    assert planned.status == "planned" and planned.points == [] and planned.is_gpu()
+    assert [a["name"] for a in planned.arms] == [a["name"] for a in source.arms]
+    assert not any(k in a for a in planned.arms for k in ("effective_config", "kv_cache", "sessions"))
+    assert list(planned.grid()) == list(source.grid())
+    assert planned.data["protocol"]["window"] == {"min_s": 2.5, "min_rounds": 4, "sized_by": "each arm"}
+    assert planned.data["protocol"]["repeats"] == schema.DEFAULT_PROTOCOL["repeats"]
+    assert "repeats" not in planned.data["sweep"] and planned.tolerances == source.tolerances
+    assert set(planned.data["provenance"]) == {"accelerator"}
+    assert source.points  # the input is left as it was
+    with pytest.raises(ValueError, match="no setting 'windw'"):
+        replan_data(source.data, {"windw": {}})
+
+
+def test_replan_cli_writes_once_and_refuses_to_overwrite(tmp_path, capsys):
+    out = tmp_path / "planned.json"
+    assert main(["replan", str(BURST), "-o", str(out), "--protocol", '{"repeats": {"min": 6, "max": 10}}']) == 0
+    assert "12 grid points" in capsys.readouterr().out
+    assert load_ledger(out).data["protocol"]["repeats"] == {"min": 6, "max": 10}
+    before = out.read_bytes()
+    assert main(["replan", str(BURST), "-o", str(out)]) == 2
+    assert "--force" in capsys.readouterr().err and out.read_bytes() == before
+    assert main(["replan", str(BURST), "-o", str(tmp_path / "x.json"), "--protocol", "[1]"]) == 2
+    assert "JSON object" in capsys.readouterr().err

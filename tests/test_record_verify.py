@@ -63,6 +63,11 @@ def test_a_point_recorded_here_verifies_here(tmp_path: Path, request: pytest.Fix
     machine = recorded.data["provenance"]["machine"]
     assert fingerprint.differences(machine, fingerprint.machine_fingerprint(
         accelerator={"kind": "cpu"}, engine=recorded.data["provenance"]["engine"])) == {}
+    seconds = recorded.data["provenance"]["time_s"]  # where the run's time went (GPU time is scarce)
+    assert seconds["points"] == 1 and sorted(seconds["engine_builds"]) == ["baseline", "ngram"]
+    assert 0 < sum(seconds["engine_builds"].values()) <= seconds["engine_starts"] < seconds["session"]
+    assert 0 < seconds["measurement"] == seconds["per_point"] < seconds["session"]
+    assert any(line.startswith("specledger record-verify seconds: model build") for line in log.splitlines())
     ngram = point["arms"]["ngram"]
     assert ngram["multiplier_ci95"][0] <= ngram["multiplier"] <= ngram["multiplier_ci95"][1]
     assert ngram["lossless"]["requests_compared"] > 0
