@@ -746,7 +746,9 @@ class _Audit:
 
         Pools each arm's repeat-to-repeat coefficient of variation over the points (three
         repeats say little alone), predicts how far a faithful re-run's multiplier strays,
-        and warns when the tolerance would fail points of an unchanged machine.
+        and warns when the tolerance would fail points of an unchanged machine. That is the
+        question of a fixed band (protocols before v3); a v3 point states its CI and is verified
+        by the CI of the change, which `resolution` judges, so v3 points are left to it.
         """
         tol = (self.ledger.data.get("tolerances") or {}).get("multiplier_rel")
         if self.reference or not tol:
@@ -755,6 +757,8 @@ class _Audit:
         engine_cvs: dict[str, list[float]] = {}
         counts: list[int] = []
         for point in self.ledger.points:
+            if point.get("protocol_version", 1) >= 3:
+                continue
             for arm_name, result in point["arms"].items():
                 repeats = (result.get("output_tokens_per_s") or {}).get("repeats") or []
                 cv = _cv(repeats)
