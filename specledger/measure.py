@@ -335,6 +335,53 @@ def arm_facts(ledger: Ledger, infos: Mapping[str, Mapping[str, Any]]) -> dict[st
     return out
 
 
+#: What a provenance.runs entry keeps of its run's provenance.
+_RUN_KEYS = ("date", "git_commit", "command", "wall_s", "machine", "time_s")
+
+
+def point_label(key: tuple[str, float | None, int | None]) -> str:
+    """``copy:0:64``: a point as ``--ledger-points`` writes it."""
+    workload, temperature, concurrency = key
+    t = "-" if temperature is None else f"{temperature:g}"
+    return f"{workload}:{t}:{'-' if concurrency is None else concurrency}"
+
+
+def merge_runs(previous: Mapping[str, Any] | None, current: Mapping[str, Any], started: str,
+               recorded: Sequence[str]) -> list[dict[str, Any]]:
+    """``provenance.runs`` after this run: one entry per recording run with the points it holds.
+
+    A ledger extended or resumed by a later run (another visit, another day, maybe another machine)
+    keeps who measured which point: the earlier runs' entries stay (an older ledger's top-level
+    provenance becomes its first entry), a point measured again moves to this run, and a run left
+    holding no point drops out. ``started`` tells this run's entry apart across its own stores.
+    """
+    prior = [dict(r) for r in (previous or {}).get("runs") or []]
+    if not prior and previous and previous.get("date"):
+        prior = [{"started": previous["date"], **{k: previous[k] for k in _RUN_KEYS if k in previous},
+                  "points": None}]  # None: every point that no later run claims
+    mine = set(recorded)
+    out: list[dict[str, Any]] = []
+    for run in prior:
+        if run.get("started") == started:
+            continue
+        if run.get("points") is not None:
+            run["points"] = [p for p in run["points"] if p not in mine]
+            if not run["points"]:
+                continue
+        out.append(run)
+    out.append({"started": started, **{k: current[k] for k in _RUN_KEYS if k in current}, "points": sorted(mine)})
+    return out
+
+
+def run_of_point(prov: Mapping[str, Any] | None, label: str) -> Mapping[str, Any] | None:
+    """The provenance.runs entry that recorded the point labelled ``label`` (None when runs are not kept)."""
+    runs = (prov or {}).get("runs") or []
+    for run in runs:
+        if run.get("points") is not None and label in run["points"]:
+            return run
+    return next((run for run in runs if run.get("points") is None), None)
+
+
 def provenance(infos: Mapping[str, Mapping[str, Any]], *, command: str | None = None,
                wall_s: float | None = None, root: Path | None = None,
                machine: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -281,7 +281,7 @@ def check_point(session: Any, point: LedgerPoint, item: pytest.Item | None = Non
             pytest.fail(f"{point.test_id}: recorded; the policy arm misses its bar\n  {bar.line()}", pytrace=False)
         return
     result = compare.compare_point(point.ledger, point.arm, committed, measured.point,
-                                   not_comparable=session.not_comparable(point.ledger))
+                                   not_comparable=session.not_comparable(point.ledger, point.key))
     session.results.append((point.test_id, result))
     if item is not None:
         item.stash[_OUTCOME_KEY] = result.outcome

@@ -11,6 +11,7 @@ refuses to record on a busy machine, and says when a point needs more repeats.
 from __future__ import annotations
 
 import copy
+import datetime as _dt
 import os
 import time
 from collections import Counter
@@ -57,9 +58,11 @@ class SuiteSession:
         self._cache: dict[tuple[str, tuple[str, float, int]], measure.PointMeasurement] = {}
         self._recorded: dict[str, Ledger] = {}
         self._started = time.monotonic()
+        self._started_at = _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
         self._failed_start: dict[str, BaseException] = {}
         self._failed_arms: dict[str, dict[str, BaseException]] = {}
         self._model_build_s: dict[str, float] = {}
+        self._stored: set[tuple[str, tuple[str, float, int]]] = set()
         self._engine_starts_s: dict[str, float] = {}
 
     # -- engines -----------------------------------------------------------------------------------------
@@ -131,14 +134,17 @@ class SuiteSession:
                 accelerator=info.get("accelerator"), engine=info.get("engine"), torch_version=info.get("torch_version"))
         return self._machines[ledger.id]
 
-    def not_comparable(self, ledger: Ledger) -> str | None:
-        """Why this run's speed figures cannot be set against the ledger's (None: they can)."""
+    def not_comparable(self, ledger: Ledger, key: tuple[str, float, int] | None = None) -> str | None:
+        """Why this run's speed figures cannot be set against the ledger's (None: they can): against the
+        machine of the run that recorded point `key` when the ledger keeps its runs."""
         if self.http is not None:
             return "measured over HTTP (tokens/s include the client and the server's API process)"
         current = self.machine(ledger)
         if current is None:
             return None
-        diff = fingerprint.differences((ledger.data.get("provenance") or {}).get("machine"), current)
+        prov = ledger.data.get("provenance") or {}
+        run = measure.run_of_point(prov, measure.point_label(key)) if key is not None else None
+        diff = fingerprint.differences((run or prov).get("machine"), current)
         return f"another machine: {fingerprint.describe_differences(diff)}" if diff else None
 
     def _more_rule(self, ledger: Ledger, key: tuple[str, float, int]) -> measure.MoreRule | None:
@@ -160,7 +166,7 @@ class SuiteSession:
 
             return wide
         committed = ledger.find_point(*key)
-        if committed is None or self.not_comparable(ledger) is not None:
+        if committed is None or self.not_comparable(ledger, key) is not None:
             return None
 
         def unsettled(point: dict[str, Any], _: int) -> bool:
@@ -199,6 +205,7 @@ class SuiteSession:
     # -- recording ---------------------------------------------------------------------------------------
     def store(self, ledger: Ledger, measured: measure.PointMeasurement) -> Path:
         """Upsert the point into the ledger and write it atomically right away: a crash loses one point."""
+        self._stored.add((ledger.id, measured.key))
         working = self._recorded.get(ledger.id)
         if working is None:
             working = Ledger(ledger.path, copy.deepcopy(ledger.data))
@@ -215,10 +222,14 @@ class SuiteSession:
         data["status"] = "measured"
         data["schema_version"] = SCHEMA_VERSION
         data["protocol"] = measure.protocol_for(working)
-        data["provenance"] = measure.provenance(self._infos[ledger.id], command=self.command,
-                                                wall_s=time.monotonic() - self._started, root=self.root,
-                                                machine=self.machine(ledger))
-        data["provenance"]["time_s"] = self.time_breakdown(ledger.id)
+        previous = data.get("provenance")
+        prov = measure.provenance(self._infos[ledger.id], command=self.command,
+                                  wall_s=time.monotonic() - self._started, root=self.root,
+                                  machine=self.machine(ledger))
+        prov["time_s"] = self.time_breakdown(ledger.id)
+        recorded = [measure.point_label(key) for (lid, key) in self._stored if lid == ledger.id]
+        prov["runs"] = measure.merge_runs(previous, prov, self._started_at, recorded)
+        data["provenance"] = prov
         target = self._target_path(ledger)
         write_ledger(target, data, overwrite=True)
         return target

@@ -364,3 +364,43 @@ def test_policy_arm_below_the_best_fixed_arm_fails():
     # where the baseline is the best choice, the bar follows the baseline
     bar = compare.policy_bar(ledger, "policy-ngram", _policy_point(40.0, 30.0, 40.0))
     assert bar.ok and "baseline (best fixed)" in bar.line()
+
+
+def test_runs_keep_who_measured_which_point_across_resumed_recordings():
+    legacy = {"date": "2026-12-01T14:22:37+00:00", "git_commit": "b0661a0", "machine": {"cpu_model": "A"}}
+    first = measure.merge_runs(legacy, {"date": "d2", "git_commit": "c2", "machine": {"cpu_model": "B"}},
+                               "2026-12-02T10:00:00+00:00", ["copy:1:1"])
+    assert [r["points"] for r in first] == [None, ["copy:1:1"]]
+    assert first[0]["git_commit"] == "b0661a0" and first[1]["machine"] == {"cpu_model": "B"}
+    # the same run stores again (one more point): still one entry for it
+    again = measure.merge_runs({**legacy, "runs": first}, {"date": "d3"}, "2026-12-02T10:00:00+00:00",
+                               ["copy:1:1", "copy:1:64"])
+    assert [r["points"] for r in again] == [None, ["copy:1:1", "copy:1:64"]]
+    # a third run re-measures copy:1:64: the point moves to it; a run left with no point drops out
+    third = measure.merge_runs({"runs": again}, {"date": "d4"}, "2026-12-03T09:00:00+00:00",
+                               ["copy:1:64", "copy:1:1"])
+    assert [r["points"] for r in third] == [None, ["copy:1:1", "copy:1:64"]]
+    assert third[1]["started"].startswith("2026-12-03")
+    prov = {"runs": first}
+    assert measure.run_of_point(prov, "copy:1:1")["machine"] == {"cpu_model": "B"}
+    assert measure.run_of_point(prov, "copy:0:64")["git_commit"] == "b0661a0"  # the legacy run holds the rest
+    assert measure.run_of_point({}, "copy:0:64") is None
+    assert measure.point_label(("copy", 0.0, 64)) == "copy:0:64" and measure.point_label(("x", None, None)) == "x:-:-"
+
+
+def test_a_point_is_compared_against_the_machine_of_the_run_that_recorded_it(monkeypatch):
+    from specledger.session import SuiteSession
+
+    ledger = load_ledger(Path(__file__).resolve().parents[1] / "ledgers" / "cpu-smollm2.json")
+    data = copy.deepcopy(ledger.data)
+    here = {**data["provenance"]["machine"]}
+    elsewhere = {**here, "cpu_model": "Some Other CPU"}
+    data["provenance"]["runs"] = [{"started": "a", "machine": here, "points": ["copy:0:1"]},
+                                  {"started": "b", "machine": elsewhere, "points": ["copy:0:2"]}]
+    data["provenance"]["machine"] = elsewhere  # the latest run's
+    mixed = Ledger(ledger.path, data)
+    session = SuiteSession(root=Path("."), record=False)
+    session._machines[mixed.id] = here
+    assert session.not_comparable(mixed, ("copy", 0.0, 1)) is None
+    assert "Some Other CPU" in (session.not_comparable(mixed, ("copy", 0.0, 2)) or "")
+    assert session.not_comparable(mixed) is not None  # without a point: the ledger's latest machine

@@ -68,6 +68,8 @@ def test_a_point_recorded_here_verifies_here(tmp_path: Path, request: pytest.Fix
     assert 0 < sum(seconds["engine_builds"].values()) <= seconds["engine_starts"] < seconds["session"]
     assert 0 < seconds["measurement"] == seconds["per_point"] < seconds["session"]
     assert any(line.startswith("specledger record-verify seconds: model build") for line in log.splitlines())
+    (run,) = recorded.data["provenance"]["runs"]  # who measured which point, kept across resumed runs
+    assert run["points"] == [POINT] and run["machine"] == machine
     ngram = point["arms"]["ngram"]
     assert ngram["multiplier_ci95"][0] <= ngram["multiplier"] <= ngram["multiplier_ci95"][1]
     assert ngram["lossless"]["requests_compared"] > 0
