@@ -140,6 +140,7 @@ def summarize(traces: Sequence[RequestTrace], *, t_start: float, t_open: float, 
         outputs.setdefault(key, list(tr.output))
     median_latency = statistics.median(latencies) if latencies else None
     return {
+        "longest_gap_s": longest_gap(traces, t_open, t_close),
         "concurrency": concurrency,
         "window_s": window_s,
         "ramp_s": t_open - t_start,
@@ -154,3 +155,15 @@ def summarize(traces: Sequence[RequestTrace], *, t_start: float, t_open: float, 
         "itl_s": itl,
         "outputs": {str(k): v for k, v in outputs.items()},
     }
+
+
+def longest_gap(traces: Sequence[RequestTrace], t_open: float, t_close: float) -> float:
+    """The longest stretch of the window in which no request received a token (its edges included).
+
+    A whole-engine stall (a pause of the engine core, the host, or the client's event loop) shows
+    here, while a slower but steady rate does not: a window whose throughput falls with a long gap
+    was stalled, not slow, which tells which of the two a noisy point suffers from.
+    """
+    times = sorted(t for tr in traces for t in tr.token_times if t_open <= t < t_close)
+    edges = [t_open, *times, t_close]
+    return max((b - a for a, b in itertools.pairwise(edges)), default=t_close - t_open)

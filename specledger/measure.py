@@ -277,6 +277,8 @@ def build_point(ledger: Ledger, workload: str, temperature: float, concurrency: 
                        "requests": [int(x["requests"]) for x in rs],
                        "rounds": [round(float(x["rounds"] or 0.0), 2) for x in rs]},
         }
+        if all(x.get("longest_gap_s") is not None for x in rs):
+            result["window"]["longest_gap_s"] = [round(float(x["longest_gap_s"]), 4) for x in rs]
         if warmups and name in warmups:
             result["warmup"] = {k: v for k, v in warmups[name].items() if k != "request_latency_s"}
         latency = latency_figures(rs)

@@ -129,6 +129,16 @@ def test_summarize_counts_tokens_by_arrival_time_and_times_requests_inside_the_w
     assert result["ttft_s"] == [pytest.approx(0.5)]
     assert result["tpot_s"] == [pytest.approx(1.0 / 4)]  # (last - first) / (5 tokens - 1)
     assert result["itl_s"] == [pytest.approx(0.5), pytest.approx(0.5)]
+    # token arrivals inside the window: 10.2, 10.5, 11.0, 11.5; the longest silence is 11.5 -> close at 12.0
+    assert result["longest_gap_s"] == pytest.approx(0.5)
+
+
+def test_a_stall_is_a_long_gap_and_a_slow_steady_rate_is_not():
+    stalled = load.RequestTrace(0, 0, sent_at=0.0, token_times=[0.1, 0.2, 1.7, 1.8], token_counts=[1] * 4)
+    steady = load.RequestTrace(0, 0, sent_at=0.0, token_times=[0.4, 0.8, 1.2, 1.6], token_counts=[1] * 4)
+    assert load.longest_gap([stalled], 0.0, 2.0) == pytest.approx(1.5)
+    assert load.longest_gap([steady], 0.0, 2.0) == pytest.approx(0.4)
+    assert load.longest_gap([], 0.0, 2.0) == pytest.approx(2.0)  # nothing arrived: the whole window
 
 
 def _small_ledger() -> Ledger:
