@@ -239,6 +239,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=int, default=5, help="paired bench runs (default 5)")
     parser.add_argument("--rounds", type=int, default=8, help="requests per bench run / concurrency (default 8)")
     parser.add_argument("-o", "--out", metavar="PATH", help="write the result as JSON")
+    parser.add_argument("--trust", action="store_true",
+                        help="pass engine settings outside specledger's allowlist to the servers (specledger.trust)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -254,7 +256,14 @@ def run(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(f"[crosscheck {time.strftime('%H:%M:%S')}] {line}", flush=True)
 
+    from specledger import trust
+
     ledger = load_ledger(args.ledger)
+    try:
+        trust.check(ledger.data, str(args.ledger), trusted=args.trust)
+    except trust.UntrustedLedger as e:
+        print(f"specledger crosscheck: {e}", file=sys.stderr)
+        return 1
     try:
         workload, temperature, concurrency = args.point.split(":")
         key = (workload, float(temperature), int(concurrency))
@@ -277,7 +286,8 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     try:
         if not urls:
-            started = endpoints.start_servers(data, model, progress=say)
+            started = endpoints.start_servers(data, model, progress=say, source=str(ledger.path),
+                                              trusted=args.trust)
             urls = {name: server.base_url for name, server in started.items()}
         # a fixed number of repeats (the protocol's minimum): agreement weighs each side's CI width anyway
         session = SuiteSession(root=REPO_ROOT, record=False, http=endpoints.HTTPMode(urls), progress=say,

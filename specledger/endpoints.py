@@ -223,14 +223,14 @@ def expected_models(ledger_data: Mapping[str, Any], model_path: str) -> list[str
 
 
 def start_servers(ledger_data: Mapping[str, Any], model_path: str, *, progress: Progress = print,
-                  log_dir: str | os.PathLike[str] | None = None, extra_args: Sequence[str] = ()
-                  ) -> dict[str, servers.VLLMServer]:
+                  log_dir: str | os.PathLike[str] | None = None, extra_args: Sequence[str] = (),
+                  source: str = "ledger", trusted: bool = False) -> dict[str, servers.VLLMServer]:
     """One server per ledger arm, flags from the arm (one after another); all stopped if one fails."""
     from specledger.engines import arm_specs
 
     started: dict[str, servers.VLLMServer] = {}
     try:
-        for spec in arm_specs(ledger_data, model_path):
+        for spec in arm_specs(ledger_data, model_path, source=source, trusted=trusted):
             args = dict(spec.engine_args)
             speculative = args.pop("speculative_config", None)
             t0 = time.monotonic()
@@ -288,8 +288,9 @@ class HTTPMode:
     """
 
     def __init__(self, urls: Mapping[str, str] | None = None, *, log_dir: str | os.PathLike[str] | None = None,
-                 extra_args: Sequence[str] = ()) -> None:
+                 extra_args: Sequence[str] = (), trusted: bool = False) -> None:
         self.urls = dict(urls) if urls else None
+        self.trusted = trusted
         self.log_dir = log_dir
         self.extra_args = tuple(extra_args)
 
@@ -299,7 +300,7 @@ class HTTPMode:
                      + ", ".join(f"{k}={v}" for k, v in self.urls.items()))
             return open_arms(ledger.data, model_path, self.urls)
         started = start_servers(ledger.data, model_path, progress=progress, log_dir=self.log_dir,
-                                extra_args=self.extra_args)
+                                extra_args=self.extra_args, source=str(ledger.path), trusted=self.trusted)
         try:
             return open_arms(ledger.data, model_path, {k: s.base_url for k, s in started.items()},
                              servers_by_arm=started)

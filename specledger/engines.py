@@ -60,13 +60,18 @@ class ArmSpec:
         return f"{self.name} ({self.role}{', ' + spec['method'] if spec else ''})"
 
 
-def arm_specs(ledger_data: Mapping[str, Any], model_path: str, arm_names: Iterable[str] | None = None
-              ) -> list[ArmSpec]:
+def arm_specs(ledger_data: Mapping[str, Any], model_path: str, arm_names: Iterable[str] | None = None, *,
+              source: str = "ledger", trusted: bool = False) -> list[ArmSpec]:
     """Merge shared and per-arm engine arguments from a ledger into ArmSpecs.
 
     The target's dtype, quantization, KV-cache dtype and max length are engine
     arguments too; they live under ``target`` because they define the checkpoint.
+    Every path from a ledger to an engine or server passes here, so the allowlist of
+    `specledger.trust` is enforced here (UntrustedLedger, naming `source`), unless `trusted`.
     """
+    from specledger import trust
+
+    trust.check(ledger_data, source, trusted=trusted)
     target = ledger_data["target"]
     shared: dict[str, Any] = {"model": model_path}
     for key in ("dtype", "quantization", "kv_cache_dtype", "max_model_len"):

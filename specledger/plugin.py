@@ -68,6 +68,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="start no point that would end past SECONDS after the session began (engine starts "
                          "included; the estimate is the slowest point so far): for time-boxed GPU slots; the "
                          "points left are skipped, and --ledger-record --ledger-only-missing resumes them")
+    group.addoption("--ledger-trust", action="store_true", default=False,
+                    help="pass every engine argument and environment variable of the ledgers to vLLM, also those "
+                         "outside specledger's allowlist (specledger.trust): only for ledgers you wrote or read")
     group.addoption("--ledger-strict", action="store_true", default=False,
                     help="an inconclusive point fails (default: shown as its own outcome, with its CI and the "
                          "repeats it would need)")
@@ -212,13 +215,14 @@ def specledger(request: pytest.FixtureRequest) -> Iterator[Any]:
     if urls or config.getoption("--ledger-http"):
         from specledger.endpoints import HTTPMode
 
-        http = HTTPMode(urls or None)
+        http = HTTPMode(urls or None, trusted=bool(config.getoption("--ledger-trust")))
     session = SuiteSession(root=Path(str(config.rootpath)), record=bool(config.getoption("--ledger-record")),
                            out_dir=Path(out) if out else None, progress=progress,
                            command=" ".join(["pytest", *config.invocation_params.args]),
                            only_missing=bool(config.getoption("--ledger-only-missing")), http=http,
                            force_busy=bool(config.getoption("--ledger-force-busy")),
-                           budget_s=config.getoption("--ledger-budget-s"))
+                           budget_s=config.getoption("--ledger-budget-s"),
+                           trusted=bool(config.getoption("--ledger-trust")))
     config.stash[_SESSION_KEY] = session
     try:
         yield session
@@ -269,7 +273,12 @@ def check_point(session: Any, point: LedgerPoint, item: pytest.Item | None = Non
     if reason:
         pytest.skip(reason)
     committed = point.ledger.find_point(*point.key)
-    measured = session.measure(point.ledger, point.key)
+    from specledger.trust import UntrustedLedger
+
+    try:
+        measured = session.measure(point.ledger, point.key)
+    except UntrustedLedger as exc:  # refused before any engine started: the message says what and where
+        pytest.fail(f"{point.test_id}: {exc}", pytrace=False)
     failure = session.arm_failure(point.ledger, point.arm)
     if failure is not None:
         pytest.fail(f"{point.test_id}: arm {point.arm} did not start:\n{failure}", pytrace=False)

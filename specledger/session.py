@@ -37,7 +37,7 @@ class SuiteSession:
     def __init__(self, *, root: Path, record: bool, out_dir: Path | None = None,
                  progress: Progress = print, command: str | None = None, only_missing: bool = False,
                  http: HTTPMode | None = None, force_busy: bool = False, adaptive: bool = True,
-                 budget_s: float | None = None) -> None:
+                 budget_s: float | None = None, trusted: bool = False) -> None:
         if http is not None and record:
             raise ValueError("HTTP mode verifies only: a ledger's figures are recorded with in-process engines "
                              "(over HTTP the tokens/s include the client and server overhead)")
@@ -51,6 +51,7 @@ class SuiteSession:
         self.force_busy = force_busy
         self.adaptive = adaptive
         self.budget_s = budget_s
+        self.trusted = trusted
         self.results: list[tuple[str, Any]] = []
         self._machines: dict[str, dict[str, Any] | None] = {}
         self._arms: dict[str, dict[str, Any]] = {}
@@ -69,6 +70,10 @@ class SuiteSession:
     def arms_for(self, ledger: Ledger) -> dict[str, Any]:
         """The ledger's arms (in-process engines, or HTTP endpoints in HTTP mode), started and warmed once."""
         if ledger.id in self._failed_start:
+            from specledger.trust import UntrustedLedger
+
+            if isinstance(self._failed_start[ledger.id], UntrustedLedger):
+                raise self._failed_start[ledger.id]
             raise RuntimeError(f"{ledger.id}: engines failed to start earlier in this session") \
                 from self._failed_start[ledger.id]
         if ledger.id not in self._arms:
@@ -77,6 +82,14 @@ class SuiteSession:
             self.close()
             from specledger.models import resolve_model
 
+            from specledger import trust
+
+            try:  # before the model build: an untrusted ledger is refused at once
+                if self.http is None or self.http.urls is None:
+                    trust.check(ledger.data, str(ledger.path), trusted=self.trusted)
+            except BaseException as exc:
+                self._failed_start[ledger.id] = exc
+                raise
             t_model = time.monotonic()
             model = resolve_model(ledger.data["target"]["model"])
             t0 = time.monotonic()
@@ -86,7 +99,7 @@ class SuiteSession:
                 if self.http is not None:
                     arms = self.http.open(ledger, model, self.progress)
                 else:
-                    specs = engines.arm_specs(ledger.data, model)
+                    specs = engines.arm_specs(ledger.data, model, source=str(ledger.path), trusted=self.trusted)
                     started = engines.start_arms(specs, progress=self.progress, failures=failures)
                     arms = {arm.spec.name: arm for arm in started}
             except BaseException as exc:
