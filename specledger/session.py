@@ -80,9 +80,8 @@ class SuiteSession:
             # One ledger's engines at a time: idle vLLM engines still take CPU (the CPU
             # engine's workers spin), which would skew the next ledger's measurements.
             self.close()
-            from specledger.models import resolve_model
-
             from specledger import trust
+            from specledger.models import resolve_model
 
             try:  # before the model build: an untrusted ledger is refused at once
                 if self.http is None or self.http.urls is None:
