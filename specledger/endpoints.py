@@ -175,7 +175,17 @@ async def _stream_completion(http: Any, url: str, body: Mapping[str, Any], trace
     """POST one streaming completion and read it to [DONE], recording each chunk's tokens as they arrive.
 
     Closing the connection (the window's close cancels this coroutine) makes the server abort the request.
+    A server that dies or drops the connection mid-stream is an EndpointError naming the URL.
     """
+    import aiohttp
+
+    try:
+        await _read_stream(http, url, body, trace)
+    except aiohttp.ClientError as exc:
+        raise EndpointError(f"{url}: connection lost mid-request ({type(exc).__name__}: {exc})") from None
+
+
+async def _read_stream(http: Any, url: str, body: Mapping[str, Any], trace: load.RequestTrace) -> None:
     async with http.post(url, json=body) as response:
         if response.status != 200:
             raise EndpointError(f"{url}: HTTP {response.status}: {(await response.text())[:500]}")

@@ -234,9 +234,18 @@ _SESSION_KEY = pytest.StashKey[Any]()
 _CUDA_KEY = pytest.StashKey[bool]()
 
 
+def _is_ledger_point(item: pytest.Item) -> bool:
+    """Whether `item` is one of specledger's own ledger-point tests (nothing else is this plugin's to touch)."""
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and isinstance(callspec.params.get("ledger_point"), LedgerPoint)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """GPU ledger points skip without CUDA, also when `-m` replaced the default `not gpu` selection."""
-    if item.get_closest_marker("gpu") is None:
+    """GPU ledger points skip without CUDA, also when `-m` replaced the default `not gpu` selection.
+
+    Only ledger points: another project's `gpu` tests, in a session where this plugin is installed, are left alone.
+    """
+    if item.get_closest_marker("gpu") is None or not _is_ledger_point(item):
         return
     if _CUDA_KEY not in item.config.stash:
         try:
@@ -273,11 +282,12 @@ def check_point(session: Any, point: LedgerPoint, item: pytest.Item | None = Non
     if reason:
         pytest.skip(reason)
     committed = point.ledger.find_point(*point.key)
+    from specledger.server_metrics import EndpointError
     from specledger.trust import UntrustedLedger
 
     try:
         measured = session.measure(point.ledger, point.key)
-    except UntrustedLedger as exc:  # refused before any engine started: the message says what and where
+    except (UntrustedLedger, EndpointError) as exc:  # the message says what failed and where (file or URL)
         pytest.fail(f"{point.test_id}: {exc}", pytrace=False)
     failure = session.arm_failure(point.ledger, point.arm)
     if failure is not None:

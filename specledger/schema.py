@@ -43,6 +43,8 @@ __all__ = [
     "load_ledger",
     "load_schema",
     "parse_ledger",
+    "remove_stale_temporaries",
+    "stale_temporaries",
     "write_ledger",
 ]
 
@@ -768,6 +770,29 @@ def write_ledger(path: str | os.PathLike[str], data: Mapping[str, Any], *, overw
             pass
         raise
     _fsync_directory(directory)
+
+
+def stale_temporaries(path: str | os.PathLike[str]) -> list[Path]:
+    """Temporary files `write_ledger` left beside `path` when its process was killed mid-write.
+
+    A SIGKILL between the temporary file's creation and the rename leaves `.<name>.<random>.tmp`
+    behind (the ledger itself is intact: the rename never happened). The next recording of that
+    ledger removes them (`remove_stale_temporaries`).
+    """
+    target = Path(path)
+    return sorted(target.parent.glob(f".{target.name}.*.tmp"))
+
+
+def remove_stale_temporaries(path: str | os.PathLike[str]) -> list[Path]:
+    """Delete what `stale_temporaries` finds; returns the files removed."""
+    removed = []
+    for tmp in stale_temporaries(path):
+        try:
+            tmp.unlink()
+            removed.append(tmp)
+        except FileNotFoundError:
+            pass
+    return removed
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from specledger import compare, engines, fingerprint, measure
 from specledger.report import config_differences
-from specledger.schema import SCHEMA_VERSION, Ledger, write_ledger
+from specledger.schema import SCHEMA_VERSION, Ledger, remove_stale_temporaries, write_ledger
 
 if TYPE_CHECKING:
     from specledger.endpoints import HTTPMode
@@ -222,6 +222,8 @@ class SuiteSession:
         if working is None:
             working = Ledger(ledger.path, copy.deepcopy(ledger.data))
             self._recorded[ledger.id] = working
+            for stale in remove_stale_temporaries(self._target_path(ledger)):  # a killed run's leftovers
+                self.progress(f"{ledger.id}: removed {stale}, left by an interrupted write")
         data = working.data
         points = [p for p in data.get("points", [])
                   if (p["workload"], p.get("temperature"), p.get("concurrency")) != measured.key]

@@ -15,9 +15,15 @@ from specledger.schema import load_ledger
 CPU_LEDGER = Path(__file__).resolve().parents[1] / "ledgers" / "cpu-smollm2.json"
 
 
+class ServerURLs(dict[str, str]):
+    """Arm name -> server root; `.started` holds the servers themselves (a test may kill one)."""
+
+    started: dict[str, servers.VLLMServer]
+
+
 @pytest.fixture(scope="module")
 def cpu_servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-                ) -> Iterator[dict[str, str]]:
+                ) -> Iterator[ServerURLs]:
     """The CPU ledger's arms as two live servers for the requesting module; gone before other engine tests
     measure (module scope: idle servers would take CPU from them)."""
     if importlib.util.find_spec("vllm") is None:
@@ -34,7 +40,9 @@ def cpu_servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
                                       progress=say)
     say(f"servers up in {time.monotonic() - t0:.0f} s (logs in {logs})")
     try:
-        yield {name: server.base_url for name, server in started.items()}
+        urls = ServerURLs({name: server.base_url for name, server in started.items()})
+        urls.started = started
+        yield urls
     finally:
         for server in started.values():
             server.stop()

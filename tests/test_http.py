@@ -282,3 +282,34 @@ def test_endpoint_errors_name_what_failed(cpu_servers, tmp_path, capsys):
     dead = f"http://127.0.0.1:{servers.free_port()}"
     with pytest.raises(EndpointError, match=f"{dead}/v1/models: server unreachable"):
         endpoints.open_arms(ledger.data, model, {"baseline": dead, "ngram": ngram})
+
+
+@pytest.mark.engine
+def test_a_server_killed_mid_verification_is_named_and_nothing_is_recorded(cpu_servers, request):
+    """The last test of this module: it kills the ngram server while a verification measures through it.
+    The run fails with the URL in the message (no traceback) and the ledger file stays as it was."""
+    import signal
+
+    before = _ledger_bytes()
+    command = [sys.executable, "-m", "pytest", "tests/test_ledgers.py", "-m", "engine", "-p", "no:cacheprovider",
+               "-s", "--ledger", str(LEDGER), "--ledger-points", HTTP_POINTS,
+               *(f"--ledger-endpoint={arm}={url}" for arm, url in cpu_servers.items())]
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line.rstrip())
+        if "warm-up ngram" in line or "repeat 1/" in line:
+            break
+    victim = cpu_servers.started["ngram"]
+    os.killpg(victim.process.pid, signal.SIGKILL)
+    _say(request.config, f"killed the ngram server at {victim.base_url}")
+    out, _ = proc.communicate(timeout=300)
+    output = "\n".join(lines) + out
+    assert proc.returncode == 1, output[-4000:]
+    named = [line for line in output.splitlines() if victim.base_url in line
+             and ("connection lost" in line or "unreachable" in line)]
+    assert named, output[-4000:]  # the error names the dead server's URL
+    assert any(line.startswith("FAILED") for line in output.splitlines()), output[-4000:]
+    assert "Traceback" not in output, output[-4000:]
+    assert _ledger_bytes() == before

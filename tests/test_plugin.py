@@ -120,3 +120,16 @@ def test_points_run_in_the_selections_order_and_stop_at_the_time_budget(tmp_path
     skipped = [line for line in out.splitlines() if "copy-T0-c1" in line and "::" in line]
     assert skipped and all("SKIPPED" in line for line in skipped), out[-3000:]
     assert "time budget" in out and "--ledger-only-missing" in out
+
+
+def test_the_cuda_skip_touches_only_ledger_points(tmp_path: Path) -> None:
+    """Installed through its entry point, the plugin is active in every project: another project's own
+    `gpu` test must run (and here fail on purpose) rather than be skipped for want of CUDA."""
+    (tmp_path / "test_other.py").write_text(
+        "import pytest\n\n@pytest.mark.gpu\ndef test_theirs():\n    assert False, 'ran'\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: theirs\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+                           "-q", str(tmp_path / "test_other.py")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert "1 failed" in out and "ran" in out, out[-2000:]

@@ -1,0 +1,103 @@
+"""A recording killed mid-point loses nothing, leaves no engine behind, and resumes (real CPU engines).
+
+Each test records into a copy of a planned ledger in place (the way a team records into its
+checkout), kills the pytest process while the first point is being measured, then checks:
+no engine process is left within 10 s, the ledger is byte-identical, no temporary file of an
+interrupted write stays (or the next recording removes it), and `--ledger-only-missing`
+completes the ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from specledger.schema import load_ledger, stale_temporaries
+
+pytestmark = pytest.mark.engine
+
+ROOT = Path(__file__).resolve().parent.parent
+POINT = "copy:0:1"
+#: A cheap protocol: the point only has to run long enough to be killed in the middle.
+QUICK = {"window": {"min_s": 2.0, "min_rounds": 1}, "warmup": {"max_windows": 1, "agree_rel": 1.0},
+         "repeats": {"min": 2, "max": 2}}
+
+
+def _planned(tmp_path: Path) -> Path:
+    data = json.loads((ROOT / "ledgers" / "cpu-smollm2.json").read_text())
+    data.update(id="interrupted", status="planned", points=[])
+    data.pop("provenance", None)
+    data["protocol"] = {**data["protocol"], **QUICK}
+    for arm in data["arms"]:
+        for measured_only in ("effective_config", "kv_cache", "sessions"):
+            arm.pop(measured_only, None)
+    path = tmp_path / "ledgers" / "interrupted.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(data, indent=1))
+    return path
+
+
+def _record(ledger: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pytest", "tests/test_ledgers.py", "-m", "engine", "-p", "no:cacheprovider", "-s",
+         "-o", "addopts=", "--ledger", str(ledger), "--ledger-points", POINT, "--ledger-record",
+         "--ledger-force-busy", *extra],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
+
+
+def _wait_for(proc: subprocess.Popen[str], marker: str, timeout_s: float = 600) -> list[str]:
+    """Read the child's output until a line holds `marker` (the point is then being measured)."""
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    for line in proc.stdout:
+        lines.append(line.rstrip())
+        if marker in line:
+            return lines
+        if time.monotonic() > deadline:
+            break
+    raise AssertionError(f"never saw {marker!r}:\n" + "\n".join(lines[-40:]))
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).children(recursive=True)
+
+
+def _all_gone(processes: list[psutil.Process], within_s: float) -> list[psutil.Process]:
+    _, alive = psutil.wait_procs(processes, timeout=within_s)
+    return [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
+def test_a_recording_killed_mid_point_loses_nothing_and_resumes(tmp_path: Path, sig: signal.Signals) -> None:
+    ledger = _planned(tmp_path)
+    before = ledger.read_bytes()
+    proc = _record(ledger)
+    _wait_for(proc, "repeat 1/2")  # engines up, the first timed window of the point done
+    engines = _descendants(proc.pid)
+    assert engines, "the recording started no engine process"
+    # a write killed between its temporary file and the rename leaves this behind
+    stale = ledger.parent / f".{ledger.name}.abc123.tmp"
+    stale.write_text("{")
+    proc.send_signal(sig)
+    proc.wait(timeout=120)
+    left = _all_gone(engines, within_s=10.0)
+    assert not left, f"engine processes left after {sig.name}: {[p.pid for p in left]}"
+    assert ledger.read_bytes() == before  # nothing half-written, nothing recorded from a partial point
+
+    resumed = _record(ledger, "--ledger-only-missing")
+    out, _ = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0, out[-4000:]
+    assert f"removed {stale}" in out and stale_temporaries(ledger) == []
+    recorded = load_ledger(ledger)
+    assert recorded.status == "measured"
+    assert [(p["workload"], p["temperature"], p["concurrency"]) for p in recorded.points] == [("copy", 0.0, 1)]
+    assert recorded.data["provenance"]["runs"][-1]["points"] == [POINT]
