@@ -27,7 +27,6 @@ comments are not read at all, so documentation can show the syntax. No vLLM here
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -37,7 +36,15 @@ from typing import Any, Literal
 
 from specledger import theory
 from specledger.audit import decimals_of, point_multiplier, ratio_interval, rounds_to
-from specledger.schema import Ledger, LedgerError, Problem, iter_ledger_paths, load_ledger
+from specledger.schema import (
+    Ledger,
+    LedgerError,
+    Problem,
+    iter_ledger_paths,
+    load_json_safely,
+    load_ledger,
+    read_text_safely,
+)
 
 __all__ = [
     "METRICS",
@@ -454,8 +461,8 @@ class LedgerSet:
 def _peek_id(path: Path) -> str | None:
     """The `id` of a ledger that fails validation, so a claim on it can say why it is unresolved."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = load_json_safely(path, "ledger", strict=False)
+    except LedgerError:
         return None
     return data.get("id") if isinstance(data, dict) and isinstance(data.get("id"), str) else None
 
@@ -709,9 +716,12 @@ class ReportAudit:
 
 
 def audit_report(path: str | os.PathLike[str], ledgers: LedgerSet) -> ReportAudit:
-    """Check every claim in one Markdown file; malformed marks count as unresolved."""
+    """Check every claim in one Markdown file; malformed marks count as unresolved.
+
+    LedgerError (naming the file) when the report cannot be read: not a regular file, too large, not UTF-8.
+    """
     file = str(path)
-    scan = scan_markdown(Path(path).read_text(encoding="utf-8"), file)
+    scan = scan_markdown(read_text_safely(path, "report", where=""), file)
     verdicts = [
         check_claim(c, ledgers)
         if isinstance(c, Claim)
