@@ -21,7 +21,9 @@ medians, counters): it holds when one of them rounds to it, and the verdict says
 
 Numbers written with a multiplier unit (`1.4x`, `0.3×`) or a tokens/s unit (`2,306 tok/s`)
 count as audited only when a claim on their line states that same number for a multiplier or
-tokens/s metric; the rest are listed as unaudited. Fenced code, inline code and other HTML
+tokens/s metric; the rest are listed as unaudited. When the claims on the line state as many such
+values as the line shows numbers of that unit, a shown number that is not one of them contradicts
+its claim: that is an error (the run fails), not an unaudited number. Fenced code, inline code and other HTML
 comments are not read at all, so documentation can show the syntax. No vLLM here.
 """
 
@@ -163,8 +165,18 @@ class UnitNumber:
     number: str
     unit: str
     audited: bool
+    #: The values the line's claims state instead, when they are as many as the line shows numbers of
+    #: this unit: then this number is not merely unclaimed but contradicts its claim (an error).
+    claimed: tuple[str, ...] = ()
+
+    @property
+    def mismatch(self) -> bool:
+        return not self.audited and bool(self.claimed)
 
     def __str__(self) -> str:
+        if self.mismatch:
+            where = f"{self.file}:{self.line}: error: shown number '{self.text}' differs from its claim"
+            return f"{where} (the claim on its line states {', '.join(self.claimed)})"
         where = f"{self.file}:{self.line}: warning: unaudited number"
         return f"{where} '{self.text}' (no claim on its line states {self.number})"
 
@@ -407,11 +419,12 @@ def scan_markdown(text: str, file: str) -> Scan:
         )
         for _, unit, m in found:
             digits = m.group(1).replace(",", "")
-            audited = any(
-                isinstance(c, Claim) and c.metric in UNIT_METRICS[unit] and any(v.plain == digits for v in c.values)
-                for c in claims
-            )
-            scan.numbers.append(UnitNumber(file, number, m.group(0).strip(), m.group(1), unit, audited))
+            stated = [v for c in claims if isinstance(c, Claim) and c.metric in UNIT_METRICS[unit] for v in c.values]
+            audited = any(v.plain == digits for v in stated)
+            # as many claimed values as shown numbers of the unit: each shown one should be among them
+            shown = sum(u == unit for _, u, _ in found)
+            claimed = tuple(v.text for v in stated) if len(stated) >= shown else ()
+            scan.numbers.append(UnitNumber(file, number, m.group(0).strip(), m.group(1), unit, audited, claimed))
     return scan
 
 

@@ -190,7 +190,8 @@ def _audit_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("reports", nargs="+", metavar="REPORT.md", help="Markdown files with claim marks")
     parser.add_argument("--ledgers", action="append", default=None, metavar="PATH",
                         help="a folder of ledgers, or one ledger file (repeatable; default: ledgers)")
-    parser.add_argument("--strict", action="store_true", help="unaudited numbers fail the run too")
+    parser.add_argument("--strict", action="store_true",
+                        help="unaudited numbers fail the run too (a number that differs from its claim always does)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only what fails and the summary")
 
 
@@ -226,7 +227,10 @@ def cmd_audit_report(args: argparse.Namespace) -> int:
         for number in audit.unaudited:
             print(number)
     print(summary_line(audits))
-    failed = unreadable or any(a.count("fails") or a.count("unresolved") for a in audits)
+    # a shown number that differs from its own claim is an error, not an unaudited-number warning
+    failed = unreadable or any(
+        a.count("fails") or a.count("unresolved") or any(n.mismatch for n in a.unaudited) for a in audits
+    )
     return EXIT_PROBLEMS if failed or (args.strict and any(a.unaudited for a in audits)) else EXIT_OK
 
 
