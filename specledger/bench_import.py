@@ -61,7 +61,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from specledger.schema import DEFAULT_ROUNDING, SCHEMA_VERSION
+from specledger.schema import DEFAULT_ROUNDING, SCHEMA_VERSION, LedgerError, load_json_safely
 
 __all__ = ["IMPORT_PREFIX", "BenchImportError", "BenchRun", "import_bench", "load_bench_result"]
 
@@ -78,6 +78,10 @@ _SPEC_KEYS = (
     "spec_decode_accepted_tokens",
     "spec_decode_per_position_acceptance_rates",
 )
+#: How a number given as `--metadata` text must be written: ASCII digits only. Python's float() and
+#: int() also take other scripts' digits ("٠.٥") and str.isdigit() takes "²", which int() refuses.
+_METADATA_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
+_METADATA_COUNT = re.compile(r"\d+", re.ASCII)
 #: Relative slack for figures vLLM derived from the counters in the same file (float noise only).
 _REL = 1e-6
 
@@ -111,11 +115,10 @@ def load_bench_result(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read one result file; BenchImportError (naming it) unless it is a JSON object from bench serve."""
     file = str(path)
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise BenchImportError([f"{file}: cannot read: {e.strerror or e}"]) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BenchImportError([f"{file}: not JSON: {e}"]) from None
+        # not strict: vLLM writes NaN where a statistic is undefined; still a regular file, bounded
+        data = load_json_safely(path, "result file", strict=False)
+    except LedgerError as e:
+        raise BenchImportError([str(p) for p in e.problems]) from None
     if not isinstance(data, dict):
         raise BenchImportError([f"{file}: expected a JSON object (one vllm bench serve result)"])
     missing = [k for k in ("output_throughput", "max_concurrency", "model_id", "date") if k not in data]
@@ -222,7 +225,9 @@ def _run(file: str, data: dict[str, Any], arm_of: Mapping[str, str], temperature
             "(lower case, digits, . _ -): relabel the run or map the file to an arm"
         )
     concurrency = data.get("max_concurrency")
-    if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
+    if concurrency is not None and (not isinstance(concurrency, int) or isinstance(concurrency, bool)):
+        problems.append(f"{file}: max_concurrency is {concurrency!r}, not a whole number")
+    elif concurrency is None or concurrency < 1:
         problems.append(
             f"{file}: max_concurrency is {concurrency!r}: the run had no concurrency limit "
             "(re-run with --max-concurrency N)"
@@ -244,19 +249,19 @@ def _run(file: str, data: dict[str, Any], arm_of: Mapping[str, str], temperature
     stated = data.get("temperature")
     file_temperature: float | None = None
     if stated is not None:
-        try:
+        if _METADATA_NUMBER.fullmatch(str(stated)):
             file_temperature = float(stated)
-        except (TypeError, ValueError):
-            problems.append(f"{file}: metadata temperature {stated!r} is not a number")
+        else:
+            problems.append(f"{file}: metadata temperature {stated!r} is not a number written in ASCII digits")
     if file_temperature is not None and temperature is not None and file_temperature != temperature:
         problems.append(f"{file}: records temperature {file_temperature:g}, but {temperature:g} was given")
     chosen = file_temperature if file_temperature is not None else temperature
-    if chosen is None:
+    if chosen is None and stated is None:
         problems.append(
             f"{file}: no temperature (vllm bench serve records it only as --metadata temperature=T); "
             "pass the temperature the run used"
         )
-    elif not math.isfinite(chosen) or chosen < 0:
+    elif chosen is not None and (not math.isfinite(chosen) or chosen < 0):
         problems.append(f"{file}: temperature {chosen!r} is not a non-negative number")
     date = _iso_date(data.get("date"))
     if date is None:
@@ -555,7 +560,10 @@ def _reconcile(run: BenchRun, what: str, meta_keys: Mapping[str, str], given: Ma
     for key, meta_key in meta_keys.items():
         stated: Any = run.meta(meta_key)
         if key == "count" and stated is not None:
-            stated = int(stated) if str(stated).isdigit() else None
+            if not _METADATA_COUNT.fullmatch(stated):
+                problems.append(f"{run.file}: metadata {meta_key} {stated!r} is not a count written in ASCII digits")
+                continue
+            stated = int(stated)
         value = (given or {}).get(key)
         if value is not None and stated is not None and value != stated:
             problems.append(f"{run.file}: records {what} {key} {stated!r}, but {value!r} was given")

@@ -21,13 +21,14 @@ medians, counters): it holds when one of them rounds to it, and the verdict says
 
 Numbers written with a multiplier unit (`1.4x`, `0.3×`) or a tokens/s unit (`2,306 tok/s`)
 count as audited only when a claim on their line states that same number for a multiplier or
-tokens/s metric; the rest are listed as unaudited. Fenced code, inline code and other HTML
+tokens/s metric; the rest are listed as unaudited. When the claims on the line state as many such
+values as the line shows numbers of that unit, a shown number that is not one of them contradicts
+its claim: that is an error (the run fails), not an unaudited number. Fenced code, inline code and other HTML
 comments are not read at all, so documentation can show the syntax. No vLLM here.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -37,7 +38,15 @@ from typing import Any, Literal
 
 from specledger import theory
 from specledger.audit import decimals_of, point_multiplier, ratio_interval, rounds_to
-from specledger.schema import Ledger, LedgerError, Problem, iter_ledger_paths, load_ledger
+from specledger.schema import (
+    Ledger,
+    LedgerError,
+    Problem,
+    iter_ledger_paths,
+    load_json_safely,
+    load_ledger,
+    read_text_safely,
+)
 
 __all__ = [
     "METRICS",
@@ -164,8 +173,18 @@ class UnitNumber:
     number: str
     unit: str
     audited: bool
+    #: The values the line's claims state instead, when they are as many as the line shows numbers of
+    #: this unit: then this number is not merely unclaimed but contradicts its claim (an error).
+    claimed: tuple[str, ...] = ()
+
+    @property
+    def mismatch(self) -> bool:
+        return not self.audited and bool(self.claimed)
 
     def __str__(self) -> str:
+        if self.mismatch:
+            where = f"{self.file}:{self.line}: error: shown number '{self.text}' differs from its claim"
+            return f"{where} (the claim on its line states {', '.join(self.claimed)})"
         where = f"{self.file}:{self.line}: warning: unaudited number"
         return f"{where} '{self.text}' (no claim on its line states {self.number})"
 
@@ -408,11 +427,12 @@ def scan_markdown(text: str, file: str) -> Scan:
         )
         for _, unit, m in found:
             digits = m.group(1).replace(",", "")
-            audited = any(
-                isinstance(c, Claim) and c.metric in UNIT_METRICS[unit] and any(v.plain == digits for v in c.values)
-                for c in claims
-            )
-            scan.numbers.append(UnitNumber(file, number, m.group(0).strip(), m.group(1), unit, audited))
+            stated = [v for c in claims if isinstance(c, Claim) and c.metric in UNIT_METRICS[unit] for v in c.values]
+            audited = any(v.plain == digits for v in stated)
+            # as many claimed values as shown numbers of the unit: each shown one should be among them
+            shown = sum(u == unit for _, u, _ in found)
+            claimed = tuple(v.text for v in stated) if len(stated) >= shown else ()
+            scan.numbers.append(UnitNumber(file, number, m.group(0).strip(), m.group(1), unit, audited, claimed))
     return scan
 
 
@@ -462,8 +482,8 @@ class LedgerSet:
 def _peek_id(path: Path) -> str | None:
     """The `id` of a ledger that fails validation, so a claim on it can say why it is unresolved."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = load_json_safely(path, "ledger", strict=False)
+    except LedgerError:
         return None
     return data.get("id") if isinstance(data, dict) and isinstance(data.get("id"), str) else None
 
@@ -723,9 +743,12 @@ class ReportAudit:
 
 
 def audit_report(path: str | os.PathLike[str], ledgers: LedgerSet) -> ReportAudit:
-    """Check every claim in one Markdown file; malformed marks count as unresolved."""
+    """Check every claim in one Markdown file; malformed marks count as unresolved.
+
+    LedgerError (naming the file) when the report cannot be read: not a regular file, too large, not UTF-8.
+    """
     file = str(path)
-    scan = scan_markdown(Path(path).read_text(encoding="utf-8"), file)
+    scan = scan_markdown(read_text_safely(path, "report", where=""), file)
     verdicts = [
         check_claim(c, ledgers)
         if isinstance(c, Claim)

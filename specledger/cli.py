@@ -190,7 +190,8 @@ def _audit_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("reports", nargs="+", metavar="REPORT.md", help="Markdown files with claim marks")
     parser.add_argument("--ledgers", action="append", default=None, metavar="PATH",
                         help="a folder of ledgers, or one ledger file (repeatable; default: ledgers)")
-    parser.add_argument("--strict", action="store_true", help="unaudited numbers fail the run too")
+    parser.add_argument("--strict", action="store_true",
+                        help="unaudited numbers fail the run too (a number that differs from its claim always does)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only what fails and the summary")
 
 
@@ -202,7 +203,7 @@ def _audit_report_arguments(parser: argparse.ArgumentParser) -> None:
 def cmd_audit_report(args: argparse.Namespace) -> int:
     from specledger.claims import LedgerSet, audit_report, summary_line
 
-    missing = [r for r in args.reports if not Path(r).is_file()]
+    missing = [r for r in args.reports if not Path(r).exists()]  # a FIFO or device exists: refused on reading
     if missing:
         raise _UsageError(f"no such report: {' '.join(missing)}")
     try:
@@ -211,7 +212,14 @@ def cmd_audit_report(args: argparse.Namespace) -> int:
         raise _UsageError(str(e)) from None
     for problem in ledgers.problems:
         print(f"warning: ledger does not load: {problem}")
-    audits = [audit_report(report, ledgers) for report in args.reports]
+    audits, unreadable = [], 0
+    for report in args.reports:
+        try:
+            audits.append(audit_report(report, ledgers))
+        except LedgerError as e:  # one unreadable report fails the run, the others are still audited
+            unreadable += 1
+            for problem in e.problems:
+                print(f"error: {problem}")
     for audit in audits:
         for verdict in audit.verdicts:
             if verdict.status != "holds" or not args.quiet:
@@ -219,7 +227,10 @@ def cmd_audit_report(args: argparse.Namespace) -> int:
         for number in audit.unaudited:
             print(number)
     print(summary_line(audits))
-    failed = any(a.count("fails") or a.count("unresolved") for a in audits)
+    # a shown number that differs from its own claim is an error, not an unaudited-number warning
+    failed = unreadable or any(
+        a.count("fails") or a.count("unresolved") or any(n.mismatch for n in a.unaudited) for a in audits
+    )
     return EXIT_PROBLEMS if failed or (args.strict and any(a.unaudited for a in audits)) else EXIT_OK
 
 
@@ -382,8 +393,11 @@ def _import_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="RESULT.json",
                         help="vllm bench serve --save-result files, one per arm and concurrency (arm: its --label)")
     parser.add_argument("--id", required=True, dest="ledger_id", help="the ledger's id (lower case, digits, . _ -)")
-    parser.add_argument("-o", "--out", required=True, metavar="LEDGER.json", help="where to write the ledger")
-    parser.add_argument("--force", action="store_true", help="replace LEDGER.json if it exists")
+    parser.add_argument("-o", "--out", required=True, metavar="LEDGER.json",
+                        help="where to write the ledger: a file name in an existing folder (the folder is not "
+                        "created, so a mistyped path writes nothing)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace LEDGER.json if it exists (a file, never a folder)")
     parser.add_argument("--baseline-label", default="baseline", metavar="LABEL",
                         help="the --label of the baseline runs (default: baseline)")
     parser.add_argument("--arm", action="append", default=[], metavar="NAME=FILE",
@@ -417,9 +431,15 @@ def cmd_import_bench(args: argparse.Namespace) -> int:
     from specledger.bench_import import BenchImportError, import_bench
     from specledger.schema import write_ledger
 
-    missing = [f for f in args.files if not Path(f).is_file()]
+    missing = [f for f in args.files if not Path(f).exists()]  # a FIFO or device exists: refused on reading
     if missing:
         raise _UsageError(f"no such result file: {' '.join(missing)}")
+    out = Path(args.out)
+    if out.is_dir():
+        raise _UsageError(f"-o {args.out}: is a directory, expected a ledger file name (--force never replaces one)")
+    if not out.parent.is_dir():
+        what = "is not a directory" if out.parent.exists() else "no such directory (create it first)"
+        raise _UsageError(f"-o {args.out}: {out.parent} {what}")
     configs = {}
     for name, text in _pairs(args.spec_config, "--spec-config"):
         try:
@@ -450,6 +470,8 @@ def cmd_import_bench(args: argparse.Namespace) -> int:
         return EXIT_PROBLEMS
     except FileExistsError as e:
         raise _UsageError(f"{args.out} exists (use --force to replace it)") from e
+    except OSError as e:  # e.g. no permission to write there
+        raise _UsageError(f"-o {args.out}: cannot write: {e.strerror or e}") from None
     arms = ", ".join(a["name"] for a in data["arms"])
     print(f"{args.out}: {len(data['points'])} point(s), arms {arms}, from {len(args.files)} file(s)")
     return EXIT_OK

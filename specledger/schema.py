@@ -15,6 +15,8 @@ import json
 import math
 import os
 import re
+import stat
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +32,8 @@ __all__ = [
     "DEFAULT_PROTOCOL",
     "DEFAULT_ROUNDING",
     "DEFAULT_TOLERANCES",
+    "MAX_INPUT_BYTES",
+    "MAX_JSON_DEPTH",
     "SCHEMA_PATH",
     "SCHEMA_PATHS",
     "SCHEMA_VERSION",
@@ -40,9 +44,11 @@ __all__ = [
     "dump_ledger",
     "iter_ledger_paths",
     "json_path",
+    "load_json_safely",
     "load_ledger",
     "load_schema",
     "parse_ledger",
+    "read_text_safely",
     "remove_stale_temporaries",
     "stale_temporaries",
     "write_ledger",
@@ -91,6 +97,15 @@ DEFAULT_ROUNDING: Mapping[str, int] = {
     "sessions": 2,
 }
 
+#: The largest input file read (ledger, report, bench result), in bytes. Real ones are well under 1 MiB;
+#: anything bigger is a mistake (or a symlink to /dev/zero) and is refused before it is read.
+MAX_INPUT_BYTES = 64 * 1024 * 1024
+#: The deepest nesting of objects and arrays read (real ledgers are 7 deep); deeper input is refused
+#: with its JSON path instead of exhausting the stack in the checks that walk it.
+MAX_JSON_DEPTH = 64
+#: How many duplicated point conditions are reported one by one; the rest are counted in one line.
+_MAX_DUPLICATE_REPORTS = 10
+
 _MAX_MESSAGE = 240
 _PLAIN_KEY = re.compile(r"^[a-zA-Z][a-zA-Z0-9_]*$")
 
@@ -133,6 +148,8 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
+        if not self.json_path:  # a problem with a whole non-JSON file (e.g. a Markdown report)
+            return f"{self.file}: {self.message}"
         return f"{self.file}: {self.json_path}: {self.message}"
 
 
@@ -342,42 +359,83 @@ class _Object(dict):
             self[key] = value
 
 
-def _parse_float(text: str) -> float | _NonFinite:
-    value = float(text)
-    return value if math.isfinite(value) else _NonFinite(text)
+class _TooLong:
+    """Stands in for an integer with more digits than Python converts (int() would raise mid-parse)."""
+
+    __slots__ = ("literal",)
+
+    def __init__(self, literal: str) -> None:
+        self.literal = literal
 
 
-def _plain(value: Any, parts: list[str | int], file: str, problems: list[Problem]) -> Any:
-    """Plain JSON values from the hooked parse; reports non-finite numbers and duplicate keys."""
+def _plain(value: Any, parts: list[str | int], file: str, problems: list[Problem], strict: bool) -> Any:
+    """Plain JSON values from the hooked parse; reports overlong integers and too deep nesting, and
+    when `strict` also non-finite numbers and duplicate keys."""
+    if isinstance(value, _TooLong):
+        digits = len(value.literal.lstrip("-"))
+        limit = sys.get_int_max_str_digits()
+        problems.append(
+            Problem(file, json_path(parts), f"an integer of {digits:,} digits; at most {limit:,} are read")
+        )
+        return None
     if isinstance(value, _NonFinite):
+        if not strict:
+            return float(value.literal)
         problems.append(
             Problem(file, json_path(parts), f"{value.literal} is not a finite number; ledgers allow none")
         )
         return None
+    if isinstance(value, dict | list) and len(parts) >= MAX_JSON_DEPTH:
+        where = json_path(parts[:8]) + "..."  # the full path is MAX_JSON_DEPTH steps long
+        problems.append(Problem(file, where, f"nested deeper than {MAX_JSON_DEPTH} levels"))
+        return None
     if isinstance(value, dict):
-        for key in getattr(value, "duplicates", ()):
+        for key in getattr(value, "duplicates", ()) if strict else ():
             problems.append(
                 Problem(
                     file, json_path([*parts, key]), f"duplicate key {key!r} (JSON would keep only the last)"
                 )
             )
-        return {k: _plain(v, [*parts, k], file, problems) for k, v in value.items()}
+        return {k: _plain(v, [*parts, k], file, problems, strict) for k, v in value.items()}
     if isinstance(value, list):
-        return [_plain(v, [*parts, i], file, problems) for i, v in enumerate(value)]
+        return [_plain(v, [*parts, i], file, problems, strict) for i, v in enumerate(value)]
     return value
 
 
-def _decode(text: str, file: str) -> Any:
-    """Parse JSON text, raising LedgerError for anything that is not strict, finite, unambiguous JSON."""
+def _decode(text: str, file: str, *, strict: bool = True) -> Any:
+    """Parse JSON text, raising LedgerError (never ValueError or RecursionError) for what cannot be read.
+
+    `strict` (ledgers) also refuses NaN/Infinity and duplicate keys; other JSON (bench results,
+    which vLLM writes with NaN allowed) is read as `json` reads it, but still bounded.
+    """
     if not text.strip():
         raise LedgerError([Problem(file, "$", "empty file: expected a JSON object")])
+    odd: list[object] = []  # markers made while parsing; none (the usual case) lets the tree be used as parsed
+
+    def constant(literal: str) -> _NonFinite:
+        odd.append(marker := _NonFinite(literal))
+        return marker
+
+    def number(literal: str) -> float | _NonFinite:
+        value = float(literal)
+        return value if math.isfinite(value) else constant(literal)
+
+    def integer(literal: str) -> int | _TooLong:
+        try:
+            return int(literal)
+        except ValueError:  # over sys.get_int_max_str_digits(): reported with its JSON path
+            odd.append(marker := _TooLong(literal))
+            return marker
+
+    def obj(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        plain = dict(pairs)
+        if len(plain) == len(pairs):
+            return plain
+        odd.append(marker := _Object(pairs))
+        return marker
+
     try:
-        raw = json.loads(
-            text,
-            parse_constant=_NonFinite,
-            parse_float=_parse_float,
-            object_pairs_hook=_Object,
-        )
+        raw = json.loads(text, parse_constant=constant, parse_float=number, parse_int=integer, object_pairs_hook=obj)
     except json.JSONDecodeError as e:
         truncated = e.pos >= len(text.rstrip())
         what = "JSON ends early (truncated file?)" if truncated else "invalid JSON"
@@ -385,12 +443,94 @@ def _decode(text: str, file: str) -> Any:
             [Problem(file, "$", f"{what} at line {e.lineno}, column {e.colno}: {e.msg}")]
         ) from None
     except RecursionError:
-        raise LedgerError([Problem(file, "$", "JSON nested too deeply")]) from None
+        raise LedgerError([Problem(file, "$", f"nested deeper than {MAX_JSON_DEPTH} levels")]) from None
+    if not odd and _depth(raw) <= MAX_JSON_DEPTH:
+        return raw
     problems: list[Problem] = []
-    data = _plain(raw, [], file, problems)
+    data = _plain(raw, [], file, problems, strict)
     if problems:
         raise LedgerError(problems)
     return data
+
+
+def _depth(value: Any) -> int:
+    """Levels of nested objects and arrays (a scalar: 0), counted breadth-first and without recursion,
+    stopping once past MAX_JSON_DEPTH."""
+    depth, level = 0, [value]
+    while depth <= MAX_JSON_DEPTH:
+        level = [v for v in level if isinstance(v, dict | list)]
+        if not level:
+            return depth
+        depth += 1
+        level = [child for v in level for child in (v.values() if isinstance(v, dict) else v)]
+    return depth
+
+
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _not_regular(mode: int) -> str | None:
+    """Why a file of this mode is not read (None: a regular file)."""
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _FILE_KINDS if test(mode)), "a special file")
+    return f"not a regular file ({kind})"
+
+
+def read_text_safely(path: str | os.PathLike[str], what: str, *, where: str = "$") -> str:
+    """The UTF-8 text of the regular file at `path`, else LedgerError naming the file (at `where`).
+
+    Every input reader goes through here so that no input can hang or crash a run: a FIFO
+    would block an open, a device (a symlink to /dev/zero) would read forever, a huge file
+    would take minutes, and bytes that are not UTF-8 would raise. `what` names the kind of
+    file in messages ("ledger", "report", "result file"); `where` is "$" for JSON inputs and
+    "" for text ones.
+    """
+    file = str(path)
+
+    def refuse(message: str) -> LedgerError:
+        return LedgerError([Problem(file, where, message)])
+
+    try:
+        reason = _not_regular(os.stat(path).st_mode)  # before opening: opening a device can act
+        if reason is not None:
+            raise refuse(f"{reason}; a {what} must be a plain file")
+        # O_NONBLOCK: should the path become a FIFO after the check, the open returns at once
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            reason = _not_regular(info.st_mode)
+            if reason is not None:
+                raise refuse(f"{reason}; a {what} must be a plain file")
+            data = b"" if info.st_size > MAX_INPUT_BYTES else handle.read(MAX_INPUT_BYTES + 1)
+            size = max(info.st_size, len(data))
+    except OSError as e:
+        raise refuse(f"cannot read: {e.strerror or e}") from None
+    if size > MAX_INPUT_BYTES:
+        raise refuse(
+            f"too large: {size:,} bytes; a {what} may be at most {MAX_INPUT_BYTES // 2**20} MiB "
+            "(specledger.schema.MAX_INPUT_BYTES)"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise refuse(f"not UTF-8 text: {e.reason} at byte {e.start} (line {line})") from None
+
+
+def load_json_safely(path: str | os.PathLike[str], what: str, *, strict: bool = True) -> Any:
+    """The JSON value in the file at `path` (read with read_text_safely), else LedgerError.
+
+    `strict` is for ledgers (no NaN/Infinity, no duplicate keys); any JSON input gets the
+    bounds: integers Python can convert, at most MAX_JSON_DEPTH levels of nesting.
+    """
+    return _decode(read_text_safely(path, what), str(path), strict=strict)
 
 
 def _sort_key(error: Any) -> tuple:
@@ -401,11 +541,34 @@ def _shorten(message: str) -> str:
     return message if len(message) <= _MAX_MESSAGE else message[: _MAX_MESSAGE - 3] + "..."
 
 
+def _distinct_points(data: dict[str, Any]) -> tuple[dict[str, Any], list[int] | None]:
+    """`data` with exact copies of a point left out, and each kept point's index in the original.
+
+    Why: schema validation is slow per point (seconds per thousand), and a copy has exactly the
+    errors of its original; the copies themselves are reported as duplicate points. The schema
+    checks each point on its own, so leaving copies out changes no other error.
+    None for the indexes when nothing was left out.
+    """
+    points = data.get("points")
+    if not isinstance(points, list) or len(points) < 2:
+        return data, None
+    kept: dict[str, int] = {}
+    for i, point in enumerate(points):
+        kept.setdefault(json.dumps(point, sort_keys=True), i)
+    if len(kept) == len(points):
+        return data, None
+    first_index = list(kept.values())
+    return {**data, "points": [points[i] for i in first_index]}, first_index
+
+
 def _schema_problems(data: dict[str, Any], file: str, version: int) -> list[Problem]:
     """Every error against the schema of `version`, sorted by path; unknown fields are reported at the field."""
     problems: list[Problem] = []
+    data, first_index = _distinct_points(data)
     for error in sorted(_validator(version).iter_errors(data), key=_sort_key):
         parts = list(error.absolute_path)
+        if first_index is not None and len(parts) > 1 and parts[0] == "points" and isinstance(parts[1], int):
+            parts[1] = first_index[parts[1]]
         if error.validator == "additionalProperties" and error.validator_value is False:
             known = set(error.schema.get("properties", {}))
             patterns = [re.compile(p) for p in error.schema.get("patternProperties", {})]
@@ -491,6 +654,7 @@ def _semantic_problems(data: dict[str, Any], file: str) -> list[Problem]:
                     )
 
     seen: dict[PointKey, int] = {}
+    repeats: dict[PointKey, list[int]] = {}
     points = data.get("points")
     for i, point in enumerate(points if isinstance(points, list) else []):
         if not isinstance(point, dict):
@@ -524,16 +688,10 @@ def _semantic_problems(data: dict[str, Any], file: str) -> list[Problem]:
         except (KeyError, TypeError, ValueError):
             continue
         if key in seen:
-            problems.append(
-                Problem(
-                    file,
-                    json_path(["points", i]),
-                    f"duplicate point (workload {key[0]!r}, temperature {key[1]}, concurrency {key[2]}): "
-                    f"$.points[{seen[key]}] and $.points[{i}] have the same conditions",
-                )
-            )
+            repeats.setdefault(key, []).append(i)
         else:
             seen[key] = i
+    problems += _duplicate_point_problems(seen, repeats, file)
 
     for section in ("critical_concurrency", "claims"):
         entries = data.get(section)
@@ -559,6 +717,38 @@ def _semantic_problems(data: dict[str, Any], file: str) -> list[Problem]:
     shares = mix.get("shares") if isinstance(mix, dict) else None
     for name in shares if isinstance(shares, dict) else ():
         unknown("workload", workload_names, name, ["workload_mix", "shares", name])
+    return problems
+
+
+def _duplicate_point_problems(first: Mapping[PointKey, int], repeats: Mapping[PointKey, list[int]], file: str
+                              ) -> list[Problem]:
+    """One problem per duplicated condition (with its count), at most _MAX_DUPLICATE_REPORTS of them.
+
+    Why: a ledger of thousands of copied points must say so in a few lines, not one line per copy.
+    """
+    problems: list[Problem] = []
+    for key, later in list(repeats.items())[:_MAX_DUPLICATE_REPORTS]:
+        where = f"$.points[{first[key]}] and $.points[{later[0]}]"
+        if len(later) > 1:
+            shown = ", ".join(f"$.points[{i}]" for i in later[:3]) + (", ..." if len(later) > 3 else "")
+            where = f"$.points[{first[key]}] and {len(later):,} later points ({shown})"
+        problems.append(
+            Problem(
+                file,
+                json_path(["points", later[0]]),
+                f"duplicate point (workload {key[0]!r}, temperature {key[1]}, concurrency {key[2]}): "
+                f"{where} have the same conditions",
+            )
+        )
+    rest = list(repeats.values())[_MAX_DUPLICATE_REPORTS:]
+    if rest:
+        problems.append(
+            Problem(
+                file,
+                "$.points",
+                f"and {len(rest):,} more duplicated conditions ({sum(map(len, rest)):,} duplicate points in all)",
+            )
+        )
     return problems
 
 
@@ -717,13 +907,7 @@ def parse_ledger(text: str, file: str) -> Ledger:
 def load_ledger(path: str | os.PathLike[str]) -> Ledger:
     """Read and validate the ledger at `path` (problems name the path as given)."""
     file = str(path)
-    try:
-        text = Path(path).read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise LedgerError([Problem(file, "$", f"not UTF-8 text: {e.reason} at byte {e.start}")]) from None
-    except OSError as e:
-        raise LedgerError([Problem(file, "$", f"cannot read: {e.strerror or e}")]) from None
-    ledger = parse_ledger(text, file)
+    ledger = parse_ledger(read_text_safely(path, "ledger"), file)
     ledger.path = Path(path)
     return ledger
 

@@ -366,7 +366,7 @@ def test_a_file_that_is_not_a_result_is_refused(tmp_path):
     bad.write_text(json.dumps({"hello": 1}))
     assert f"{bad}: not a vllm bench serve --save-result file" in _problems([bad])
     bad.write_text("{")
-    assert f"{bad}: not JSON" in _problems([bad])
+    assert f"{bad}: $: JSON ends early" in _problems([bad])
 
 
 # --------------------------------------------------------------------------------------------

@@ -333,6 +333,23 @@ def test_a_claim_on_the_line_audits_the_number_it_states():
     assert numbers == [(1, "595 tok/s", True), (1, "0.3x", True), (2, "0.26x", False), (3, "1.4x", False)]
 
 
+def test_a_shown_number_that_differs_from_its_claim_fails_without_strict(ledger_dir, tmp_path, capsys):
+    report = tmp_path / "r.md"
+    report.write_text(
+        "eagle is 1.4x at c=1 <!-- claim: test-small eagle copy T=0 c=1 multiplier = 1.8 -->\n"
+        "1.8x here, 1.4x elsewhere <!-- claim: test-small eagle copy T=0 c=1 multiplier = 1.8 -->\n"
+    )
+    assert main(["audit-report", str(report), "--ledgers", str(ledger_dir)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[2] == (  # after the two verdicts (both claims hold against the ledger)
+        f"{report}:1: error: shown number '1.4x' differs from its claim (the claim on its line states 1.8)"
+    )
+    # two numbers, one claim: which one the claim is about is not known, so 1.4x is only unaudited
+    assert out[3] == f"{report}:2: warning: unaudited number '1.4x' (no claim on its line states 1.4)"
+    report.write_text(report.read_text().splitlines(keepends=True)[1])
+    assert main(["audit-report", str(report), "--ledgers", str(ledger_dir)]) == 0
+
+
 # -- the command ------------------------------------------------------------------------------
 
 
