@@ -503,7 +503,8 @@ def test_qwen_ledgers_are_planned_gpu_ledgers() -> None:
     grid_t0 = [(w, 0.0, c) for w in ("copy", "free-form") for c in (1, 2, 4, 8, 16, 64)]
     grid_t1 = [(w, 1.0, c) for w in ("copy", "free-form") for c in (1, 8)]
     expected = {
-        "h200-qwen2.5-coder-1.5b": (["baseline", "matched-baseline", "ngram", "draft-0.5b"], 1),
+        "h200-qwen2.5-coder-1.5b": (["baseline", "matched-baseline", "ngram", "ngram-gpu", "draft-0.5b",
+                                     "draft-0.5b-async"], 1),
         "h200-qwen2.5-coder-1.5b-fp8": (["baseline", "ngram"], 1),
         "h200-qwen2.5-coder-1.5b-fp8kv": (["baseline", "ngram"], 1),
         "h200x2-qwen2.5-coder-1.5b-tp2": (["baseline", "ngram"], 2),
@@ -515,7 +516,10 @@ def test_qwen_ledgers_are_planned_gpu_ledgers() -> None:
         assert ledger.data["provenance"]["accelerator"]["count"] == gpus
         assert ledger.data["engine_args"].get("tensor_parallel_size", 1) == gpus
         assert ledger.data["target"]["model"] == "embedded:qwen2.5-coder-1.5b"
-        assert ledger.data["sweep"]["repeats"] >= 3
+        if "protocol" in ledger.data:  # planned for protocol v3: repeats are the protocol's
+            assert ledger.data["protocol"]["repeats"]["min"] >= 5
+        else:
+            assert ledger.data["sweep"]["repeats"] >= 3
         ngram = next(a for a in ledger.arms if a["name"] == "ngram")["speculative_config"]
         assert (ngram["num_speculative_tokens"], ngram["prompt_lookup_min"], ngram["prompt_lookup_max"]) == (4, 2, 4)
         grid = sorted(ledger.grid())
@@ -524,6 +528,10 @@ def test_qwen_ledgers_are_planned_gpu_ledgers() -> None:
             assert grid == sorted(grid_t0 + grid_t1), name
         else:
             assert grid == sorted((w, 0.0, c) for w in ("copy", "free-form") for c in (1, 4, 16, 64))
+    bf16 = load_ledger(REPO / "ledgers" / "h200-qwen2.5-coder-1.5b.json")
+    assert bf16.arm("ngram-gpu")["speculative_config"]["method"] == "ngram_gpu"
+    assert bf16.arm("draft-0.5b-async")["engine_args"] == {"async_scheduling": True}
+    assert bf16.arm("draft-0.5b-async")["speculative_config"] == bf16.arm("draft-0.5b")["speculative_config"]
     fp8 = load_ledger(REPO / "ledgers" / "h200-qwen2.5-coder-1.5b-fp8.json").data["target"]
     fp8kv = load_ledger(REPO / "ledgers" / "h200-qwen2.5-coder-1.5b-fp8kv.json").data["target"]
     assert (fp8["quantization"], fp8["kv_cache_dtype"]) == ("fp8", "auto")
