@@ -114,6 +114,19 @@ def assignment(index: int, n_workers: int, gpus: Sequence[str], cpus: Iterable[i
     return Assignment(index, mine, frozenset(cores[index * per_worker:(index + 1) * per_worker]))
 
 
+def group_of(nodeid: str, groups: Mapping[str, str]) -> str | None:
+    """The xdist group of a test from its parameter id: ``...::test_point[cpu-smollm2-ngram-copy-T0-c1]`` ->
+    ``groups["cpu-smollm2-ngram-copy-T0-c1"]``; None for a test without a known id.
+
+    Why: pytest 9.2 builds node ids from a structured id, so xdist 3.8 can no longer append ``@<group>`` to
+    them and ``--dist loadgroup`` silently stops grouping (pytest-dev/pytest-xdist#1386); the controller then
+    groups ledger points by the ids it can compute from the ledgers itself.
+    """
+    if not nodeid.endswith("]") or "[" not in nodeid:
+        return None
+    return groups.get(nodeid[nodeid.index("[", nodeid.rfind("::")) + 1:-1])
+
+
 def cpu_ranges(cpus: Iterable[int]) -> str:
     """{0, 1, 2, 5} -> '0-2,5' (taskset's notation)."""
     runs: list[list[int]] = []
