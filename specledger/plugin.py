@@ -314,6 +314,11 @@ def say(config: pytest.Config, line: str) -> None:
     """Long runs show progress: written past pytest's output capture, as it happens."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     capture = config.pluginmanager.get_plugin("capturemanager")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and capture is not None:  # an xdist worker's terminal goes nowhere; its stderr reaches the console
+        with capture.global_and_fixture_disabled():
+            print(f"[{worker}] {line}", file=sys.stderr, flush=True)
+        return
     if reporter is None or capture is None:
         print(line, file=sys.stderr, flush=True)
         return
@@ -443,6 +448,16 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if table:
         terminalreporter.write_sep("=", "specledger verdicts")
         terminalreporter.write_line(table)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An xdist worker shows its ledger's summary and verdicts on stderr (its terminal summary is not shown)."""
+    suite = session.config.stash.get(_SESSION_KEY, None)
+    if suite is None or not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    table = suite.verdict_table()
+    for line in [*suite.summary_lines(), *(["specledger verdicts", *table.splitlines()] if table else [])]:
+        say(session.config, line)
 
 
 @pytest.fixture

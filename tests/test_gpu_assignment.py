@@ -235,6 +235,9 @@ def test_loadgroup_runs_each_ledger_on_one_worker(tmp_path: Path) -> None:
             ledger_id = "cpu-smollm2-policy" if test_id.startswith("cpu-smollm2-policy-") else "cpu-smollm2"
             ran[ledger_id].add(line.split("]", 1)[0].lstrip("["))
     assert ran == dict(workers), proc.stdout[-3000:]
+    # A worker's terminal is not shown: its progress and verdict table come through stderr, marked with it.
+    assert {line.split("]", 1)[0] + "]" for line in proc.stderr.splitlines()
+            if line.endswith("] specledger verdicts")} == {"[gw0]", "[gw1]"}, proc.stderr[-3000:]
 
 
 REPORT_PINNING = '''
