@@ -289,3 +289,15 @@ def test_more_workers_than_gpus_or_another_dist_mode_is_refused(tmp_path: Path) 
     assert all(worker is None for worker, *_ in pins)  # refused before any worker started
     proc, _ = _gpu_run(tmp_path, "-n", "2")
     assert proc.returncode == 4 and "need --dist loadgroup" in proc.stderr, proc.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs sched_getaffinity (Linux)")
+def test_n_auto_makes_one_worker_per_gpu_slot(tmp_path: Path) -> None:
+    """scripts/gpu-run's `-n auto`: two one-GPU ledgers on two GPUs get two workers; with the tensor-parallel
+    ledger (2 GPUs) in the run, every worker needs two, so one worker gets both."""
+    _, pins = _gpu_run(tmp_path, "-n", "auto", "--dist", "loadgroup")
+    assert sorted(visible for worker, visible, _ in pins if worker) == ["0", "1"], pins
+    (tmp_path / "pins.jsonl").unlink()
+    _, pins = _gpu_run(tmp_path, "-n", "auto", "--dist", "loadgroup",
+                       "--ledger", "ledgers/h200x2-qwen2.5-coder-1.5b-tp2.json")
+    assert [(worker, visible) for worker, visible, _ in pins if worker] == [("gw0", "0,1")], pins
