@@ -10,10 +10,15 @@ writes it into the ledger. Recording never happens without that flag.
 HTTP mode (``--ledger-http``, or ``--ledger-endpoint ARM=URL`` for live servers) measures the same
 points through OpenAI-compatible servers instead of in-process engines (see specledger.endpoints);
 it verifies only. ``--ledger-points`` selects points in either mode.
+
+Under pytest-xdist every point is marked ``xdist_group(<ledger id>)``, so ``pytest -m gpu -n N --dist
+loadgroup`` runs each ledger on one worker; each worker is pinned to its own GPUs and CPU cores before
+anything starts CUDA (see specledger.gpu_assignment).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -23,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from specledger import compare
+from specledger import compare, gpu_assignment
 from specledger.schema import Ledger, LedgerError, iter_ledger_paths, load_ledger
 
 RECORD_HELP = ("record: measure and write the ledgers' points (atomic; replaces committed figures of the "
@@ -83,11 +88,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--ledger-endpoint", action="append", default=[], metavar="ARM=URL",
                     help="verify over HTTP against a live server for ARM (repeat for every arm of the one "
                          "--ledger given); the servers are left running")
+    group.addoption("--ledger-share-gpus", action="store_true", default=False,
+                    help="under pytest-xdist, let workers share GPUs when there are more workers than GPUs "
+                         "(default: refuse; engines sharing a GPU must lower gpu_memory_utilization)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (select with -m gpu)")
     config.addinivalue_line("markers", "engine: starts a real vLLM engine on any device")
+    # pytest-xdist registers it too; registered here so a run without xdist knows the ledger points' mark.
+    config.addinivalue_line("markers", "xdist_group(name): pytest-xdist --dist loadgroup runs a group on one worker")
     endpoints = config.getoption("--ledger-endpoint", default=[])
     http = config.getoption("--ledger-http", default=False) or bool(endpoints)
     if http and config.getoption("--ledger-record", default=False):
@@ -98,6 +108,120 @@ def pytest_configure(config: pytest.Config) -> None:
         if len(config.getoption("--ledger", default=[])) != 1:
             raise pytest.UsageError("--ledger-endpoint needs exactly one --ledger (the arms' ledger)")
     parse_point_selection(config.getoption("--ledger-points", default=None))
+    pin_xdist_worker(config)
+
+
+def _selects_gpu(markexpr: str) -> bool:
+    """Whether `-m markexpr` keeps a point marked gpu (no expression keeps everything)."""
+    if not markexpr.strip():
+        return True
+    try:
+        from _pytest.mark.expression import Expression  # pytest's own -m parser (not public API)
+
+        return Expression.compile(markexpr).evaluate(lambda name, **kwargs: name in ("gpu", "xdist_group"))
+    except Exception:  # an older or newer pytest: a plain reading of the expression
+        return "gpu" in markexpr and "not gpu" not in markexpr
+
+
+def selected_gpu_ledgers(config: pytest.Config) -> list[Ledger]:
+    """The GPU ledgers whose points this run keeps (before collection: known from the options alone)."""
+    if not _selects_gpu(str(config.getoption("markexpr", default="") or "")):
+        return []
+    out = []
+    for path in _ledger_paths(config):
+        try:
+            ledger = load_ledger(path)
+        except LedgerError:
+            continue  # pytest_generate_tests reports it
+        if ledger.status != "reference" and ledger.is_gpu():
+            out.append(ledger)
+    return out
+
+
+def _xdist_workers(config: pytest.Config) -> int:
+    """How many xdist workers this controller starts (0 without xdist or with -n 0)."""
+    if config.getoption("dist", default="no") in (None, "no"):
+        return 0
+    return len(config.getoption("tx", default=None) or [])
+
+
+def pin_xdist_worker(config: pytest.Config) -> gpu_assignment.Assignment | None:
+    """An xdist worker of a run with GPU ledger points gets its own GPUs and cores (in pytest_configure: before
+    any engine or torch touches CUDA); the controller refuses, before starting workers, a run they could not
+    get. A machine without GPUs pins nothing. Other runs (no GPU ledger selected) are left alone."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    is_worker = gpu_assignment.worker_index(worker) is not None
+    n_workers = 0 if is_worker else _xdist_workers(config)
+    if not is_worker and n_workers == 0:
+        return None
+    ledgers = selected_gpu_ledgers(config)
+    if not ledgers:
+        return None
+    per_worker = max(gpu_assignment.gpus_needed(ledger.data) for ledger in ledgers)
+    share = bool(config.getoption("--ledger-share-gpus", default=False))
+    try:
+        if is_worker:
+            pinned = gpu_assignment.pin_worker(gpus_per_worker=per_worker, share_gpus=share)
+            if pinned is not None:
+                print(f"[specledger] xdist worker {worker}: {pinned.describe()}", file=sys.stderr, flush=True)
+            return pinned
+        gpus = gpu_assignment.detect_gpus()
+        if not gpus:
+            return None
+        if config.getoption("dist") != "loadgroup":
+            raise pytest.UsageError(f"GPU ledgers under pytest-xdist need --dist loadgroup (one ledger per worker, "
+                                    f"on its own GPU), not --dist {config.getoption('dist')}")
+        for index in range(n_workers):  # the controller's check: a clear error instead of crashed workers
+            gpu_assignment.assignment(index, n_workers, gpus, gpu_assignment.available_cpus(), per_worker,
+                                      share_gpus=share)
+    except gpu_assignment.AssignmentError as exc:
+        raise pytest.UsageError(f"specledger: {exc}") from None
+    return None
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """`-n auto` on a run with GPU ledgers: one worker per GPU slot (GPUs // the largest tensor-parallel world),
+    at most one per ledger; PYTEST_XDIST_AUTO_NUM_WORKERS still wins."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    ledgers = selected_gpu_ledgers(config)
+    gpus = gpu_assignment.detect_gpus() if ledgers else []
+    if not gpus:
+        return None
+    per_worker = max(gpu_assignment.gpus_needed(ledger.data) for ledger in ledgers)
+    return max(1, min(len(ledgers), len(gpus) // per_worker))
+
+
+def ledger_groups(config: pytest.Config) -> dict[str, str]:
+    """Test id of every ledger point this run may collect -> its ledger id (its xdist group)."""
+    selectors = parse_point_selection(config.getoption("--ledger-points", default=None))
+    out: dict[str, str] = {}
+    for path in _ledger_paths(config):
+        try:
+            ledger = load_ledger(path)
+        except LedgerError:
+            continue
+        if ledger.status != "reference":
+            out.update((p.test_id, ledger.id) for p in _points(ledger, selectors))
+    return out
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` that keeps a ledger's points on one worker also where xdist's own grouping is lost
+    (see gpu_assignment.group_of); every other test is scheduled as xdist's LoadGroupScheduling does."""
+    groups = ledger_groups(config) if config.getoption("dist", default="no") == "loadgroup" else {}
+    if not groups:
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class LedgerGroupScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return scope if scope != nodeid else gpu_assignment.group_of(nodeid, groups) or nodeid
+
+    return LedgerGroupScheduling(config, log)
 
 
 def parse_endpoints(values: list[str]) -> dict[str, str]:
@@ -183,8 +307,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             raise pytest.UsageError(str(exc)) from None
         if ledger.status == "reference":
             continue  # published elsewhere: nothing here can reproduce it
-        mark = pytest.mark.gpu if ledger.is_gpu() else pytest.mark.engine
-        params += [pytest.param(p, id=p.test_id, marks=mark) for p in _points(ledger, selectors)]
+        # One xdist group per ledger: --dist loadgroup starts a ledger's engines on one worker only.
+        marks = [pytest.mark.gpu if ledger.is_gpu() else pytest.mark.engine, pytest.mark.xdist_group(ledger.id)]
+        params += [pytest.param(p, id=p.test_id, marks=marks) for p in _points(ledger, selectors)]
     metafunc.parametrize("ledger_point", params)
 
 
@@ -192,6 +317,11 @@ def say(config: pytest.Config, line: str) -> None:
     """Long runs show progress: written past pytest's output capture, as it happens."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     capture = config.pluginmanager.get_plugin("capturemanager")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and capture is not None:  # an xdist worker's terminal goes nowhere; its stderr reaches the console
+        with capture.global_and_fixture_disabled():
+            print(f"[{worker}] {line}", file=sys.stderr, flush=True)
+        return
     if reporter is None or capture is None:
         print(line, file=sys.stderr, flush=True)
         return
@@ -337,6 +467,16 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if table:
         terminalreporter.write_sep("=", "specledger verdicts")
         terminalreporter.write_line(table)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An xdist worker shows its ledger's summary and verdicts on stderr (its terminal summary is not shown)."""
+    suite = session.config.stash.get(_SESSION_KEY, None)
+    if suite is None or not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    table = suite.verdict_table()
+    for line in [*suite.summary_lines(), *(["specledger verdicts", *table.splitlines()] if table else [])]:
+        say(session.config, line)
 
 
 @pytest.fixture
