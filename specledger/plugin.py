@@ -22,37 +22,18 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from specledger import compare, gpu_assignment
-from specledger.schema import Ledger, LedgerError, iter_ledger_paths, load_ledger
+from specledger import compare, selection, xdist_support
+from specledger.schema import Ledger, LedgerError, load_ledger
+from specledger.selection import LedgerPoint
 
 RECORD_HELP = ("record: measure and write the ledgers' points (atomic; replaces committed figures of the "
                "points measured; nothing is written without this flag)")
 
-
-@dataclass(frozen=True)
-class LedgerPoint:
-    """One test case: one arm of a ledger at one grid point (speed verdicts for every arm, and the
-    multiplier and acceptance for speculative and policy arms)."""
-
-    ledger: Ledger
-    arm: str
-    workload: str
-    temperature: float
-    concurrency: int
-
-    @property
-    def key(self) -> tuple[str, float, int]:
-        return (self.workload, float(self.temperature), int(self.concurrency))
-
-    @property
-    def test_id(self) -> str:
-        return f"{self.ledger.id}-{self.arm}-{self.workload}-T{self.temperature:g}-c{self.concurrency}"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -104,202 +85,56 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("--ledger-http/--ledger-endpoint verify only: ledgers are recorded in-process "
                                 "(over HTTP tokens/s include the client and server overhead)")
     if endpoints:
-        parse_endpoints(endpoints)
+        _endpoints(endpoints)
         if len(config.getoption("--ledger", default=[])) != 1:
             raise pytest.UsageError("--ledger-endpoint needs exactly one --ledger (the arms' ledger)")
-    parse_point_selection(config.getoption("--ledger-points", default=None))
-    pin_xdist_worker(config)
+    _selectors(config)
+    if os.environ.get("PYTEST_XDIST_WORKER") or config.getoption("dist", default="no") not in (None, "no"):
+        xdist_support.pin_xdist_worker(config, _gpu_ledgers(config))
 
 
-def _selects_gpu(markexpr: str) -> bool:
-    """Whether `-m markexpr` keeps a point marked gpu (no expression keeps everything)."""
-    if not markexpr.strip():
-        return True
+def _endpoints(values: list[str]) -> dict[str, str]:
     try:
-        from _pytest.mark.expression import Expression  # pytest's own -m parser (not public API)
-
-        return Expression.compile(markexpr).evaluate(lambda name, **kwargs: name in ("gpu", "xdist_group"))
-    except Exception:  # an older or newer pytest: a plain reading of the expression
-        return "gpu" in markexpr and "not gpu" not in markexpr
+        return selection.parse_endpoints(values)
+    except selection.SelectionError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
-def selected_gpu_ledgers(config: pytest.Config) -> list[Ledger]:
-    """The GPU ledgers whose points this run keeps (before collection: known from the options alone)."""
-    if not _selects_gpu(str(config.getoption("markexpr", default="") or "")):
-        return []
-    out = []
-    for path in _ledger_paths(config):
-        try:
-            ledger = load_ledger(path)
-        except LedgerError:
-            continue  # pytest_generate_tests reports it
-        if ledger.status != "reference" and ledger.is_gpu():
-            out.append(ledger)
-    return out
+def _ledger_paths(config: pytest.Config) -> list[Path]:
+    return selection.ledger_paths(config.getoption("--ledger"), config.getoption("--ledger-dir"),
+                                  Path(str(config.rootpath)))
 
 
-def _xdist_workers(config: pytest.Config) -> int:
-    """How many xdist workers this controller starts (0 without xdist or with -n 0)."""
-    if config.getoption("dist", default="no") in (None, "no"):
-        return 0
-    return len(config.getoption("tx", default=None) or [])
-
-
-def pin_xdist_worker(config: pytest.Config) -> gpu_assignment.Assignment | None:
-    """An xdist worker of a run with GPU ledger points gets its own GPUs and cores (in pytest_configure: before
-    any engine or torch touches CUDA); the controller refuses, before starting workers, a run they could not
-    get. A machine without GPUs pins nothing. Other runs (no GPU ledger selected) are left alone."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    is_worker = gpu_assignment.worker_index(worker) is not None
-    n_workers = 0 if is_worker else _xdist_workers(config)
-    if not is_worker and n_workers == 0:
-        return None
-    ledgers = selected_gpu_ledgers(config)
-    if not ledgers:
-        return None
-    per_worker = max(gpu_assignment.gpus_needed(ledger.data) for ledger in ledgers)
-    share = bool(config.getoption("--ledger-share-gpus", default=False))
+def _selectors(config: pytest.Config) -> list[selection.PointSelector] | None:
     try:
-        if is_worker:
-            pinned = gpu_assignment.pin_worker(gpus_per_worker=per_worker, share_gpus=share)
-            if pinned is not None:
-                print(f"[specledger] xdist worker {worker}: {pinned.describe()}", file=sys.stderr, flush=True)
-            return pinned
-        gpus = gpu_assignment.detect_gpus()
-        if not gpus:
-            return None
-        if config.getoption("dist") != "loadgroup":
-            raise pytest.UsageError(f"GPU ledgers under pytest-xdist need --dist loadgroup (one ledger per worker, "
-                                    f"on its own GPU), not --dist {config.getoption('dist')}")
-        for index in range(n_workers):  # the controller's check: a clear error instead of crashed workers
-            gpu_assignment.assignment(index, n_workers, gpus, gpu_assignment.available_cpus(), per_worker,
-                                      share_gpus=share)
-    except gpu_assignment.AssignmentError as exc:
-        raise pytest.UsageError(f"specledger: {exc}") from None
-    return None
+        return selection.parse_point_selection(config.getoption("--ledger-points", default=None))
+    except selection.SelectionError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def _gpu_ledgers(config: pytest.Config) -> list[Ledger]:
+    return xdist_support.selected_gpu_ledgers(_ledger_paths(config),
+                                              str(config.getoption("markexpr", default="") or ""))
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    """`-n auto` on a run with GPU ledgers: one worker per GPU slot (GPUs // the largest tensor-parallel world),
-    at most one per ledger; PYTEST_XDIST_AUTO_NUM_WORKERS still wins."""
-    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
-        return None
-    ledgers = selected_gpu_ledgers(config)
-    gpus = gpu_assignment.detect_gpus() if ledgers else []
-    if not gpus:
-        return None
-    per_worker = max(gpu_assignment.gpus_needed(ledger.data) for ledger in ledgers)
-    return max(1, min(len(ledgers), len(gpus) // per_worker))
-
-
-def ledger_groups(config: pytest.Config) -> dict[str, str]:
-    """Test id of every ledger point this run may collect -> its ledger id (its xdist group)."""
-    selectors = parse_point_selection(config.getoption("--ledger-points", default=None))
-    out: dict[str, str] = {}
-    for path in _ledger_paths(config):
-        try:
-            ledger = load_ledger(path)
-        except LedgerError:
-            continue
-        if ledger.status != "reference":
-            out.update((p.test_id, ledger.id) for p in _points(ledger, selectors))
-    return out
+    return xdist_support.auto_num_workers(_gpu_ledgers(config))
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`--dist loadgroup` that keeps a ledger's points on one worker also where xdist's own grouping is lost
-    (see gpu_assignment.group_of); every other test is scheduled as xdist's LoadGroupScheduling does."""
-    groups = ledger_groups(config) if config.getoption("dist", default="no") == "loadgroup" else {}
-    if not groups:
+    if config.getoption("dist", default="no") != "loadgroup":
         return None
-    from xdist.scheduler import LoadGroupScheduling
-
-    class LedgerGroupScheduling(LoadGroupScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            scope = super()._split_scope(nodeid)
-            return scope if scope != nodeid else gpu_assignment.group_of(nodeid, groups) or nodeid
-
-    return LedgerGroupScheduling(config, log)
-
-
-def parse_endpoints(values: list[str]) -> dict[str, str]:
-    """['baseline=http://h:8000', ...] -> {'baseline': 'http://h:8000'}; UsageError on a bad entry."""
-    out: dict[str, str] = {}
-    for value in values:
-        arm, sep, url = value.partition("=")
-        if not sep or not arm or not url.startswith(("http://", "https://")):
-            raise pytest.UsageError(f"--ledger-endpoint {value!r}: expected ARM=http://host:port")
-        if arm in out:
-            raise pytest.UsageError(f"--ledger-endpoint: arm {arm!r} given twice")
-        out[arm] = url.rstrip("/")
-    return out
-
-
-PointSelector = tuple[str, float | None, int | None]
-
-
-def parse_point_selection(text: str | None) -> list[PointSelector] | None:
-    """'copy:0:1,free-form:*:2' -> selectors; None selects every point."""
-    if not text:
-        return None
-    selectors: list[PointSelector] = []
-    for item in text.split(","):
-        parts = item.strip().split(":")
-        if len(parts) != 3 or not parts[0]:
-            raise pytest.UsageError(f"--ledger-points {item!r}: expected workload:temperature:concurrency")
-        try:
-            temp = None if parts[1] == "*" else float(parts[1])
-            conc = None if parts[2] == "*" else int(parts[2])
-        except ValueError:
-            raise pytest.UsageError(f"--ledger-points {item!r}: temperature and concurrency are numbers or *"
-                                    ) from None
-        selectors.append((parts[0], temp, conc))
-    return selectors
-
-
-def selector_rank(key: tuple[str, float, int], selectors: list[PointSelector] | None) -> int | None:
-    """Index of the first selector that matches `key` (its place in the run order), or None."""
-    if selectors is None:
-        return 0
-    for rank, (w, t, c) in enumerate(selectors):
-        if w in ("*", key[0]) and (t is None or t == key[1]) and (c is None or c == key[2]):
-            return rank
-    return None
-
-
-def point_selected(key: tuple[str, float, int], selectors: list[PointSelector] | None) -> bool:
-    return selector_rank(key, selectors) is not None
-
-
-def _ledger_paths(config: pytest.Config) -> list[Path]:
-    chosen = config.getoption("--ledger")
-    if chosen:
-        return [Path(p) for p in chosen]
-    directory = config.getoption("--ledger-dir") or (Path(str(config.rootpath)) / "ledgers")
-    return iter_ledger_paths([Path(directory)]) if Path(directory).is_dir() else []
-
-
-def _points(ledger: Ledger, selectors: list[PointSelector] | None = None) -> Iterator[LedgerPoint]:
-    keys: list[tuple[str, float, int]] = []
-    for point in ledger.points:
-        if point.get("temperature") is not None and point.get("concurrency") is not None:
-            keys.append((point["workload"], float(point["temperature"]), int(point["concurrency"])))
-    if ledger.data.get("sweep"):
-        keys += [(w, float(t), int(c)) for (w, t, c) in ledger.grid()]
-    ranked = {k: selector_rank(k, selectors) for k in set(keys)}
-    # The selection's order is the run order: a time-boxed run measures the points it names first.
-    for key in sorted((k for k, rank in ranked.items() if rank is not None), key=lambda k: (ranked[k], k)):
-        for arm in ledger.arms:
-            yield LedgerPoint(ledger, arm["name"], *key)
+    return xdist_support.make_scheduler(config, log, xdist_support.ledger_groups(_ledger_paths(config),
+                                                                                 _selectors(config)))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "ledger_point" not in metafunc.fixturenames:
         return
     params = []
-    selectors = parse_point_selection(metafunc.config.getoption("--ledger-points"))
+    selectors = _selectors(metafunc.config)
     for path in _ledger_paths(metafunc.config):
         try:
             ledger = load_ledger(path)
@@ -309,7 +144,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             continue  # published elsewhere: nothing here can reproduce it
         # One xdist group per ledger: --dist loadgroup starts a ledger's engines on one worker only.
         marks = [pytest.mark.gpu if ledger.is_gpu() else pytest.mark.engine, pytest.mark.xdist_group(ledger.id)]
-        params += [pytest.param(p, id=p.test_id, marks=marks) for p in _points(ledger, selectors)]
+        params += [pytest.param(p, id=p.test_id, marks=marks) for p in selection.points(ledger, selectors)]
     metafunc.parametrize("ledger_point", params)
 
 
@@ -341,7 +176,7 @@ def specledger(request: pytest.FixtureRequest) -> Iterator[Any]:
 
     out = config.getoption("--ledger-out")
     http = None
-    urls = parse_endpoints(config.getoption("--ledger-endpoint"))
+    urls = _endpoints(config.getoption("--ledger-endpoint"))
     if urls or config.getoption("--ledger-http"):
         from specledger.endpoints import HTTPMode
 
@@ -388,17 +223,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip("needs a CUDA GPU (this is a gpu ledger point)")
 
 
-def skip_reason(session: Any, point: LedgerPoint) -> str | None:
-    """Why this point has nothing to measure in this mode (decided before any engine or timer starts)."""
-    committed = point.ledger.find_point(*point.key)
-    if session.record and session.only_missing and committed is not None:
-        return f"{point.test_id}: already recorded (--ledger-only-missing)"
-    if not session.record and committed is None:
-        return f"{point.test_id}: no committed figures for this point; run with --ledger-record"
-    if session.cached(point.ledger, point.key) is None:
-        return session.over_budget()
-    return None
-
 
 _OUTCOME_KEY = pytest.StashKey[str]()
 #: Outcomes that pass but are not "holds": pytest shows them as their own category.
@@ -408,7 +232,7 @@ _SHOWN_OUTCOMES = {"inconclusive": ("inconclusive", "?", "INCONCLUSIVE"),
 
 def check_point(session: Any, point: LedgerPoint, item: pytest.Item | None = None) -> None:
     """Measure (once per point) and record or verify; the assertion message carries the whole story."""
-    reason = skip_reason(session, point)
+    reason = selection.skip_reason(session, point)
     if reason:
         pytest.skip(reason)
     committed = point.ledger.find_point(*point.key)
@@ -484,7 +308,7 @@ def ledger_check(specledger: Any, request: pytest.FixtureRequest) -> Any:
     """Callable that checks one LedgerPoint; the arm's windows become its pytest-benchmark row."""
 
     def run(point: LedgerPoint) -> None:
-        reason = skip_reason(specledger, point)
+        reason = selection.skip_reason(specledger, point)
         if reason:  # before the benchmark fixture: a benchmark left without data breaks its JSON report
             pytest.skip(reason)
         try:

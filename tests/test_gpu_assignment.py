@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specledger import gpu_assignment, plugin
+from specledger import gpu_assignment, xdist_support
 from specledger.gpu_assignment import AssignmentError, assignment, gpus_needed, worker_index
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,9 +183,10 @@ def test_gpu_ids_from_nvidia_smi_get_its_numbering(monkeypatch) -> None:
 
 
 def test_the_plugin_reads_gpu_selection_from_the_mark_expression() -> None:
-    assert plugin._selects_gpu("gpu") and plugin._selects_gpu("") and plugin._selects_gpu("gpu or engine")
-    assert not plugin._selects_gpu("not gpu") and not plugin._selects_gpu("not engine and not gpu")
-    assert not plugin._selects_gpu("engine")
+    selects = xdist_support.selects_gpu
+    assert selects("gpu") and selects("") and selects("gpu or engine")
+    assert not xdist_support.selects_gpu("not gpu") and not xdist_support.selects_gpu("not engine and not gpu")
+    assert not xdist_support.selects_gpu("engine")
 
 
 RECORD_WORKER = '''

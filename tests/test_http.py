@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from specledger import counters, endpoints, measure, plugin, server_metrics, servers, watch
+from specledger import counters, endpoints, measure, plugin, selection, server_metrics, servers, watch
 from specledger.cli import main
 from specledger.schema import load_ledger, write_ledger
 from specledger.server_metrics import EndpointError
@@ -93,16 +93,16 @@ def test_server_flags_come_from_the_ledger_arm():
 
 
 def test_point_selection():
-    sel = plugin.parse_point_selection("copy:0:2, free-form:*:1")
-    assert plugin.point_selected(("copy", 0.0, 2), sel)
-    assert not plugin.point_selected(("copy", 0.0, 1), sel)
-    assert plugin.point_selected(("free-form", 0.7, 1), sel)
-    assert plugin.point_selected(("x", 1.0, 9), None)
+    sel = selection.parse_point_selection("copy:0:2, free-form:*:1")
+    assert selection.point_selected(("copy", 0.0, 2), sel)
+    assert not selection.point_selected(("copy", 0.0, 1), sel)
+    assert selection.point_selected(("free-form", 0.7, 1), sel)
+    assert selection.point_selected(("x", 1.0, 9), None)
     for bad in ("copy", "copy:x:1", ":0:1"):
-        with pytest.raises(pytest.UsageError, match="--ledger-points"):
-            plugin.parse_point_selection(bad)
-    with pytest.raises(pytest.UsageError, match="ARM=http"):
-        plugin.parse_endpoints(["baseline"])
+        with pytest.raises(selection.SelectionError, match="--ledger-points"):
+            selection.parse_point_selection(bad)
+    with pytest.raises(selection.SelectionError, match="ARM=http"):
+        selection.parse_endpoints(["baseline"])
 
 
 def test_ledger_expectation_and_window_verdicts():

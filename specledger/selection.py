@@ -1,0 +1,125 @@
+"""Which ledger points become tests, in which order, and the grammar that selects them.
+
+A test case is one arm of one ledger at one grid point (`LedgerPoint`); `points` lists a ledger's,
+ordered by the `--ledger-points` selection (``copy:0:1,free-form:*:2``: workload:temperature:
+concurrency, ``*`` for any), so a time-boxed run measures the points it names first. Plain logic:
+the pytest plugin turns `SelectionError` into a usage error and the points into parametrized tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specledger.schema import Ledger, iter_ledger_paths
+
+__all__ = ["LedgerPoint", "PointSelector", "SelectionError", "ledger_paths", "parse_endpoints",
+           "parse_point_selection", "point_selected", "points", "selector_rank", "skip_reason"]
+
+PointSelector = tuple[str, float | None, int | None]
+
+
+class SelectionError(ValueError):
+    """A `--ledger-points` or `--ledger-endpoint` value that does not parse; the message quotes it."""
+
+
+@dataclass(frozen=True)
+class LedgerPoint:
+    """One test case: one arm of a ledger at one grid point (speed verdicts for every arm, and the
+    multiplier and acceptance for speculative and policy arms)."""
+
+    ledger: Ledger
+    arm: str
+    workload: str
+    temperature: float
+    concurrency: int
+
+    @property
+    def key(self) -> tuple[str, float, int]:
+        return (self.workload, float(self.temperature), int(self.concurrency))
+
+    @property
+    def test_id(self) -> str:
+        return f"{self.ledger.id}-{self.arm}-{self.workload}-T{self.temperature:g}-c{self.concurrency}"
+
+
+def parse_point_selection(text: str | None) -> list[PointSelector] | None:
+    """'copy:0:1,free-form:*:2' -> selectors; None selects every point."""
+    if not text:
+        return None
+    selectors: list[PointSelector] = []
+    for item in text.split(","):
+        parts = item.strip().split(":")
+        if len(parts) != 3 or not parts[0]:
+            raise SelectionError(f"--ledger-points {item!r}: expected workload:temperature:concurrency")
+        try:
+            temp = None if parts[1] == "*" else float(parts[1])
+            conc = None if parts[2] == "*" else int(parts[2])
+        except ValueError:
+            raise SelectionError(f"--ledger-points {item!r}: temperature and concurrency are numbers or *") from None
+        selectors.append((parts[0], temp, conc))
+    return selectors
+
+
+def selector_rank(key: tuple[str, float, int], selectors: list[PointSelector] | None) -> int | None:
+    """Index of the first selector that matches `key` (its place in the run order), or None."""
+    if selectors is None:
+        return 0
+    for rank, (w, t, c) in enumerate(selectors):
+        if w in ("*", key[0]) and (t is None or t == key[1]) and (c is None or c == key[2]):
+            return rank
+    return None
+
+
+def point_selected(key: tuple[str, float, int], selectors: list[PointSelector] | None) -> bool:
+    return selector_rank(key, selectors) is not None
+
+
+def parse_endpoints(values: Sequence[str]) -> dict[str, str]:
+    """['baseline=http://h:8000', ...] -> {'baseline': 'http://h:8000'}; SelectionError on a bad entry."""
+    out: dict[str, str] = {}
+    for value in values:
+        arm, sep, url = value.partition("=")
+        if not sep or not arm or not url.startswith(("http://", "https://")):
+            raise SelectionError(f"--ledger-endpoint {value!r}: expected ARM=http://host:port")
+        if arm in out:
+            raise SelectionError(f"--ledger-endpoint: arm {arm!r} given twice")
+        out[arm] = url.rstrip("/")
+    return out
+
+
+def ledger_paths(chosen: Sequence[str], directory: str | Path | None, rootpath: Path) -> list[Path]:
+    """The ledger files of a run: those named (`--ledger`), else every one in `--ledger-dir` (default
+    <rootdir>/ledgers)."""
+    if chosen:
+        return [Path(p) for p in chosen]
+    folder = Path(directory) if directory else rootpath / "ledgers"
+    return iter_ledger_paths([folder]) if folder.is_dir() else []
+
+
+def points(ledger: Ledger, selectors: list[PointSelector] | None = None) -> Iterator[LedgerPoint]:
+    """Every selected arm-point of a ledger (its points and its grid), in the selection's order."""
+    keys: list[tuple[str, float, int]] = []
+    for point in ledger.points:
+        if point.get("temperature") is not None and point.get("concurrency") is not None:
+            keys.append((point["workload"], float(point["temperature"]), int(point["concurrency"])))
+    if ledger.data.get("sweep"):
+        keys += [(w, float(t), int(c)) for (w, t, c) in ledger.grid()]
+    ranked = {k: selector_rank(k, selectors) for k in set(keys)}
+    for key in sorted((k for k, rank in ranked.items() if rank is not None), key=lambda k: (ranked[k], k)):
+        for arm in ledger.arms:
+            yield LedgerPoint(ledger, arm["name"], *key)
+
+
+def skip_reason(session: Any, point: LedgerPoint) -> str | None:
+    """Why this point has nothing to measure in this mode (decided before any engine or timer starts)."""
+    committed = point.ledger.find_point(*point.key)
+    if session.record and session.only_missing and committed is not None:
+        return f"{point.test_id}: already recorded (--ledger-only-missing)"
+    if not session.record and committed is None:
+        return f"{point.test_id}: no committed figures for this point; run with --ledger-record"
+    if session.cached(point.ledger, point.key) is None:
+        return session.over_budget()
+    return None
