@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from specledger.migrate import replan_data
 from specledger.schema import load_ledger, stale_temporaries
 
 pytestmark = pytest.mark.engine
@@ -32,13 +33,10 @@ QUICK = {"window": {"min_s": 2.0, "min_rounds": 1}, "warmup": {"max_windows": 1,
 
 
 def _planned(tmp_path: Path) -> Path:
-    data = json.loads((ROOT / "ledgers" / "cpu-smollm2.json").read_text())
-    data.update(id="interrupted", status="planned", points=[])
-    data.pop("provenance", None)
-    data["protocol"] = {**data["protocol"], **QUICK}
-    for arm in data["arms"]:
-        for measured_only in ("effective_config", "kv_cache", "sessions"):
-            arm.pop(measured_only, None)
+    committed = load_ledger(ROOT / "ledgers" / "cpu-smollm2.json").data
+    own = {k: v for k, v in committed["protocol"].items() if isinstance(v, dict)}
+    data = replan_data(committed, {**own, **QUICK})
+    data["id"] = "interrupted"
     path = tmp_path / "ledgers" / "interrupted.json"
     path.parent.mkdir()
     path.write_text(json.dumps(data, indent=1))

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from specledger import fingerprint
+from specledger.migrate import replan_data
 from specledger.plugin import say
 from specledger.schema import load_ledger
 
@@ -43,12 +44,9 @@ def _pytest(config: pytest.Config, *args: str) -> tuple[int, str]:
 
 
 def test_a_point_recorded_here_verifies_here(tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    planned = json.loads((ROOT / "ledgers" / "cpu-smollm2.json").read_text())
-    planned.update(id="record-verify", status="planned", points=[])
-    planned.pop("provenance", None)
-    for arm in planned["arms"]:
-        for measured_only in ("effective_config", "kv_cache", "sessions"):
-            arm.pop(measured_only, None)
+    committed = load_ledger(ROOT / "ledgers" / "cpu-smollm2.json").data
+    planned = replan_data(committed, {k: v for k, v in committed["protocol"].items() if isinstance(v, dict)})
+    planned["id"] = "record-verify"
     source = tmp_path / "planned" / "record-verify.json"
     source.parent.mkdir()
     source.write_text(json.dumps(planned, indent=1))
