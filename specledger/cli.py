@@ -435,11 +435,15 @@ def cmd_import_bench(args: argparse.Namespace) -> int:
     if missing:
         raise _UsageError(f"no such result file: {' '.join(missing)}")
     out = Path(args.out)
+    unusable = None  # an output path that cannot take a ledger: bad input (exit 1), refused before any read
     if out.is_dir():
-        raise _UsageError(f"-o {args.out}: is a directory, expected a ledger file name (--force never replaces one)")
-    if not out.parent.is_dir():
+        unusable = f"-o {args.out}: is a directory, expected a ledger file name (--force never replaces one)"
+    elif not out.parent.is_dir():
         what = "is not a directory" if out.parent.exists() else "no such directory (create it first)"
-        raise _UsageError(f"-o {args.out}: {out.parent} {what}")
+        unusable = f"-o {args.out}: {out.parent} {what}"
+    if unusable:
+        print(f"specledger import-bench: error: {unusable}", file=sys.stderr)
+        return EXIT_PROBLEMS
     configs = {}
     for name, text in _pairs(args.spec_config, "--spec-config"):
         try:

@@ -158,10 +158,10 @@ def test_a_non_ascii_digit_as_a_json_number_is_invalid_json(tmp_path, capsys):
 
 
 def test_import_bench_out_into_a_missing_folder_or_onto_a_folder(tmp_path, capsys):
-    """-o is a file in an existing folder (a usage error otherwise, exit 2), checked before anything is read."""
+    """-o is a file in an existing folder (bad input otherwise, exit 1), checked before anything is read."""
     base = ["import-bench", *(str(BENCH / f"{arm}-c1.json") for arm in ("baseline", "ngram")), "--id", "x"]
     missing = tmp_path / "no" / "such" / "out.json"
-    assert main([*base, "-o", str(missing)]) == 2
+    assert main([*base, "-o", str(missing)]) == 1
     out, err = capsys.readouterr()
     assert err == (
         f"specledger import-bench: error: -o {missing}: {missing.parent} no such directory (create it first)\n"
@@ -170,7 +170,7 @@ def test_import_bench_out_into_a_missing_folder_or_onto_a_folder(tmp_path, capsy
     folder = tmp_path / "existing"
     folder.mkdir()
     (folder / "keep.txt").write_text("kept")
-    assert main([*base, "-o", str(folder), "--force"]) == 2
+    assert main([*base, "-o", str(folder), "--force"]) == 1
     out, err = capsys.readouterr()
     assert err.startswith(f"specledger import-bench: error: -o {folder}: is a directory, expected a ledger file name")
     assert len(err.splitlines()) == 1
