@@ -262,18 +262,24 @@ class _Audit:
                          f"interval {_num(low)}..{_num(high)} does not hold the {what} {_num(value)} it bounds")
 
     def throughput(self, parts: Parts, thr: dict[str, Any], decimals: int) -> None:
-        """median/min/max (and mean) agree with the repeats (each side rounded: one unit of slack), ordered."""
+        """median/min/max (and mean) agree with the repeats, ordered.
+
+        The repeats are stored rounded, as is each summary of the exact values, so the slack is what
+        rounding allows and no more: none for min, max and the median of an odd count (each is one of
+        the repeats, rounded alike), half a unit for the median of an even count (a mean of two),
+        one unit for the mean (its own rounding and that of the repeats).
+        """
         median, low, high, repeats = thr.get("median"), thr.get("min"), thr.get("max"), thr.get("repeats")
         unit = 10.0**-decimals
         if repeats:
-            for field, exact in (
-                ("median", statistics.median(repeats)),
-                ("min", min(repeats)),
-                ("max", max(repeats)),
-                ("mean", statistics.fmean(repeats)),
+            for field, exact, slack in (
+                ("median", statistics.median(repeats), 0.0 if len(repeats) % 2 else unit / 2),
+                ("min", min(repeats), 0.0),
+                ("max", max(repeats), 0.0),
+                ("mean", statistics.fmean(repeats), unit),
             ):
                 stated = thr.get(field)
-                if stated is not None and abs(stated - exact) > unit + _eps(exact):
+                if stated is not None and abs(stated - exact) > slack + _eps(exact) + _eps(unit):
                     self.add(
                         [*parts, field],
                         "repeats",

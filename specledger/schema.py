@@ -11,6 +11,8 @@ This module knows nothing about vLLM.
 
 from __future__ import annotations
 
+import datetime as _dt
+
 import json
 import math
 import os
@@ -653,6 +655,7 @@ def _semantic_problems(data: dict[str, Any], file: str) -> list[Problem]:
                         )
                     )
 
+    problems += _figure_problems(data, file)
     seen: dict[PointKey, int] = {}
     repeats: dict[PointKey, list[int]] = {}
     points = data.get("points")
@@ -717,6 +720,83 @@ def _semantic_problems(data: dict[str, Any], file: str) -> list[Problem]:
     shares = mix.get("shares") if isinstance(mix, dict) else None
     for name in shares if isinstance(shares, dict) else ():
         unknown("workload", workload_names, name, ["workload_mix", "shares", name])
+    return problems
+
+
+#: Figures only a speculative (or policy) arm has: a baseline states none of them.
+_SPEC_ONLY_FIGURES = ("multiplier", "multiplier_vs_matched", "multiplier_ci95", "multiplier_vs_matched_ci95",
+                      "acceptance")
+
+
+def _is_iso_date(text: Any) -> bool:
+    if not isinstance(text, str):
+        return False
+    try:
+        _dt.datetime.fromisoformat(text)
+    except ValueError:
+        try:
+            _dt.date.fromisoformat(text)
+        except ValueError:
+            return False
+    return True
+
+
+def _figure_problems(data: dict[str, Any], file: str) -> list[Problem]:
+    """Figures that contradict the ledger's own statements: a baseline with a multiplier or draft counters,
+    a provenance date that is not a date, a measured ledger without points or repeats, a planned one with
+    figures, a repeat count the sweep or protocol does not allow, an arm at 0 tok/s that produced tokens."""
+    problems: list[Problem] = []
+    status = data.get("status")
+    roles = {a.get("name"): a.get("role") for a in data.get("arms") or [] if isinstance(a, dict)}
+    provenance = data.get("provenance")
+    if isinstance(provenance, dict) and "date" in provenance and not _is_iso_date(provenance["date"]):
+        problems.append(Problem(file, "$.provenance.date", f"{provenance['date']!r} is not an ISO 8601 date or date-time"))
+    points = [p for p in data.get("points") or [] if isinstance(p, dict)] if isinstance(data.get("points"), list) else []
+    if status == "measured" and not points:
+        problems.append(Problem(file, "$.points", "a measured ledger holds no points (a plan is status planned)"))
+    sweep = data.get("sweep") if isinstance(data.get("sweep"), dict) else {}
+    protocol = data.get("protocol") if isinstance(data.get("protocol"), dict) else {}
+    bounds = protocol.get("repeats") if isinstance(protocol.get("repeats"), dict) else {}
+    for i, point in enumerate(data.get("points") or []):
+        if not isinstance(point, dict) or not isinstance(point.get("arms"), dict):
+            continue
+        arms = point["arms"]
+        with_figures = [name for name, r in arms.items() if isinstance(r, dict) and r]
+        if status == "planned" and with_figures:
+            problems.append(Problem(file, json_path(["points", i]),
+                                    "a planned ledger holds figures here (a recorded ledger is status measured)"))
+        stated_repeats = 0
+        for name, result in arms.items():
+            if not isinstance(result, dict):
+                continue
+            where = ["points", i, "arms", name]
+            if roles.get(name) in ("baseline", "matched-baseline"):
+                for key in _SPEC_ONLY_FIGURES:
+                    if key in result:
+                        problems.append(Problem(file, json_path([*where, key]),
+                                                f"arm {name!r} is a {roles[name]}: it drafts nothing and has no {key}"))
+            tps = result.get("output_tokens_per_s") if isinstance(result.get("output_tokens_per_s"), dict) else {}
+            reps = tps.get("repeats") if isinstance(tps.get("repeats"), list) else None
+            if reps:
+                stated_repeats += 1
+                v3 = point.get("protocol_version") == 3
+                expected = sweep.get("repeats") if not v3 else None
+                if type(expected) is int and len(reps) != expected:
+                    problems.append(Problem(file, json_path([*where, "output_tokens_per_s", "repeats"]),
+                                            f"{len(reps)} repeats, but sweep.repeats says {expected}"))
+                low, high = bounds.get("min"), bounds.get("max")
+                if v3 and type(low) is int and type(high) is int and not low <= len(reps) <= high:
+                    problems.append(Problem(file, json_path([*where, "output_tokens_per_s", "repeats"]),
+                                            f"{len(reps)} repeats, outside protocol.repeats {low}..{high}"))
+            numbers = [v for v in (reps or []) if type(v) in (int, float)]
+            zero_rate = (numbers and all(v == 0 for v in numbers)) or (not numbers and tps.get("median") == 0)
+            tokens = result.get("output_tokens")
+            if zero_rate and type(tokens) in (int, float) and tokens > 0:
+                problems.append(Problem(file, json_path([*where, "output_tokens"]),
+                                        f"{tokens} output tokens at 0 tok/s: one of the two is wrong"))
+        if status == "measured" and with_figures and not stated_repeats:
+            problems.append(Problem(file, json_path(["points", i]),
+                                    "a measured point states no arm's repeats (output_tokens_per_s.repeats)"))
     return problems
 
 

@@ -289,3 +289,80 @@ def test_a_report_that_links_to_a_device_is_not_a_regular_file(tmp_path, capsys)
     (tmp_path / "gone.md").symlink_to(tmp_path / "nothing-here.md")  # a dangling link is still "no such"
     assert main(["audit-report", str(tmp_path / "gone.md"), "--ledgers", str(SMALL)]) == 2
     assert "no such report" in capsys.readouterr().err
+
+
+# accepted silently before ---------------------------------------------------------------------
+
+
+def _eagle(d: dict) -> dict:
+    return d["points"][0]["arms"]["eagle"]
+
+
+def _baseline(d: dict) -> dict:
+    return d["points"][0]["arms"]["baseline"]
+
+
+def _set(d: dict, where: str, value) -> None:
+    *parents, last = where.split(".")
+    target = d
+    for part in parents:
+        target = target[int(part)] if part.isdigit() else target[part]
+    target[last] = value
+
+
+SILENT = {
+    "a baseline that states a multiplier": (
+        lambda d: _set(d, "points.0.arms.baseline.multiplier", 1.0),
+        "$.points[0].arms.baseline.multiplier: arm 'baseline' is a baseline: it drafts nothing"),
+    "a baseline that carries draft counters": (
+        lambda d: _set(d, "points.0.arms.baseline.acceptance", copy.deepcopy(_eagle(d)["acceptance"])),
+        "$.points[0].arms.baseline.acceptance: arm 'baseline' is a baseline"),
+    "a provenance date that is not a date": (
+        lambda d: _set(d, "provenance.date", "last Tuesday"),
+        "$.provenance.date: 'last Tuesday' is not an ISO 8601 date"),
+    "a measured ledger with no points": (
+        lambda d: _set(d, "points", []), "$.points: a measured ledger holds no points"),
+    "a measured ledger with points but no repeats": (
+        lambda d: [r["output_tokens_per_s"].pop("repeats", None) for p in d["points"] for r in p["arms"].values()],
+        "$.points[0]: a measured point states no arm's repeats"),
+    "a planned ledger that holds measured points": (
+        lambda d: (d.update(status="planned"), d.pop("provenance")),
+        "$.points[0]: a planned ledger holds figures here"),
+    "a repeat count that disagrees with sweep.repeats": (
+        lambda d: _baseline(d)["output_tokens_per_s"]["repeats"].append(100.0),
+        "$.points[0].arms.baseline.output_tokens_per_s.repeats: 4 repeats, but sweep.repeats says 3"),
+    "a speculative arm at 0 tok/s that still reports output tokens": (
+        lambda d: (_eagle(d)["output_tokens_per_s"].update(repeats=[0.0, 0.0, 0.0], median=0.0, min=0.0, max=0.0),
+                   _eagle(d).update(output_tokens=500)),
+        "$.points[0].arms.eagle.output_tokens: 500 output tokens at 0 tok/s"),
+}
+
+
+@pytest.mark.parametrize("kind", list(SILENT))
+def test_contradictory_figures_are_refused_with_their_json_path(kind, tmp_path, capsys):
+    change, expected = SILENT[kind]
+    data = _small()
+    change(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    assert main(["validate", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert f"{path}: {expected}" in out + err, out + err
+    _no_traceback(out, err)
+
+
+def test_a_median_that_cannot_be_the_middle_of_its_repeats_is_an_audit_error(tmp_path, capsys):
+    """Repeats 99.0, 100.0, 101.5: an odd count, so the median is one of them (stored rounded alike);
+    100.1 is within a unit of 100.0 (the old slack) but cannot be the middle."""
+    data = _small()
+    _baseline(data)["output_tokens_per_s"]["median"] = 100.1
+    path = tmp_path / "median.json"
+    path.write_text(json.dumps(data))
+    assert main(["audit", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "$.points[0].arms.baseline.output_tokens_per_s.median: median 100.1 disagrees with the median of " \
+           "the repeats, 100.0 [repeats]" in out, out
+    _baseline(data)["output_tokens_per_s"]["median"] = 100.0
+    path.write_text(json.dumps(data))
+    main(["audit", str(path)])
+    assert "[repeats]" not in capsys.readouterr().out

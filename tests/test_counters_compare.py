@@ -212,12 +212,13 @@ def test_build_point_names_the_first_divergence_from_the_baseline():
 def test_build_point_keeps_request_times_per_repeat_only_when_every_repeat_has_them():
     ledger = _ledger_with_arms()
     workload = ledger.data["workloads"][0]["name"]
-    runs = _runs([100, 110, 90], [150, 130, 170])
+    runs = _runs([100, 110, 90, 100, 105], [150, 130, 170, 150, 160])  # the protocol's minimum of 5 repeats
     for i, run in enumerate(runs["spec"]):
         run["request_time_s"] = {"engine": 0.1 * (i + 1), "end_to_end": 0.123456789}
     runs["baseline"][0]["request_time_s"] = {"engine": 0.2}
     point = measure.build_point(ledger, workload, 0.0, 2, runs)
-    assert point["arms"]["spec"]["request_time_s"] == {"engine": [0.1, 0.2, 0.3], "end_to_end": [0.12346] * 3}
+    assert point["arms"]["spec"]["request_time_s"] == {"engine": [0.1, 0.2, 0.3, 0.4, 0.5],
+                                                       "end_to_end": [0.12346] * 5}
     assert "request_time_s" not in point["arms"]["baseline"]
     _schema_valid(ledger, point)
 

@@ -36,8 +36,8 @@ def synthetic(curves: dict[str, list[tuple[int, float, float]]], temperature: fl
             "temperature": temperature,
             "concurrency": c,
             "arms": {
-                "baseline": {"output_tokens_per_s": {"median": base}},
-                "spec": {"output_tokens_per_s": {"median": m * base}, "multiplier": m},
+                "baseline": {"output_tokens_per_s": {"median": base, "repeats": [base]}},
+                "spec": {"output_tokens_per_s": {"median": m * base, "repeats": [m * base]}, "multiplier": m},
             },
         }
         for workload, curve in curves.items()

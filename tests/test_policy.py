@@ -46,7 +46,7 @@ def ledger_data(ks: list[int], points: dict[int, dict[str, tuple[float, float, f
         "workloads": [{"name": "copy", "kind": "copy"}],
         "points": [
             {"workload": "copy", "temperature": 0.0, "concurrency": c,
-             "arms": {name: {"output_tokens_per_s": {"median": m, "min": lo, "max": hi}}
+             "arms": {name: {"output_tokens_per_s": {"median": m, "min": lo, "max": hi, "repeats": [lo, m, hi]}}
                       for name, (m, lo, hi) in row.items()}}
             for c, row in sorted(points.items())
         ],
