@@ -12,7 +12,6 @@ This module knows nothing about vLLM.
 from __future__ import annotations
 
 import datetime as _dt
-
 import json
 import math
 import os
@@ -750,8 +749,10 @@ def _figure_problems(data: dict[str, Any], file: str) -> list[Problem]:
     roles = {a.get("name"): a.get("role") for a in data.get("arms") or [] if isinstance(a, dict)}
     provenance = data.get("provenance")
     if isinstance(provenance, dict) and "date" in provenance and not _is_iso_date(provenance["date"]):
-        problems.append(Problem(file, "$.provenance.date", f"{provenance['date']!r} is not an ISO 8601 date or date-time"))
-    points = [p for p in data.get("points") or [] if isinstance(p, dict)] if isinstance(data.get("points"), list) else []
+        problems.append(Problem(file, "$.provenance.date",
+                                f"{provenance['date']!r} is not an ISO 8601 date or date-time"))
+    listed = data.get("points") if isinstance(data.get("points"), list) else []
+    points = [p for p in listed if isinstance(p, dict)]
     if status == "measured" and not points:
         problems.append(Problem(file, "$.points", "a measured ledger holds no points (a plan is status planned)"))
     sweep = data.get("sweep") if isinstance(data.get("sweep"), dict) else {}
