@@ -247,7 +247,10 @@ def check_point(session: Any, point: LedgerPoint, item: pytest.Item | None = Non
     if failure is not None:
         pytest.fail(f"{point.test_id}: arm {point.arm} did not start:\n{failure}", pytrace=False)
     if session.record:
-        session.store(point.ledger, measured)
+        try:
+            session.store(point.ledger, measured)
+        except FileExistsError as exc:  # two ledgers of one file name into one --ledger-out folder
+            pytest.fail(f"{point.test_id}: not recorded: {exc}", pytrace=False)
         bar = compare.policy_bar(point.ledger, point.arm, measured.point) \
             if point.ledger.arm(point.arm)["role"] == "policy" else None
         if bar is not None and not bar.ok:  # recorded as measured, but the schedule does not hold up

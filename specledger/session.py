@@ -64,6 +64,7 @@ class SuiteSession:
         self._failed_arms: dict[str, dict[str, BaseException]] = {}
         self._model_build_s: dict[str, float] = {}
         self._stored: set[tuple[str, tuple[str, float, int]]] = set()
+        self._targets: dict[Path, Path] = {}
         self._engine_starts_s: dict[str, float] = {}
 
     # -- engines -----------------------------------------------------------------------------------------
@@ -249,11 +250,18 @@ class SuiteSession:
         return target
 
     def _target_path(self, ledger: Ledger) -> Path:
+        """Where the recorded ledger goes: in place, or `out_dir`/<its file name>; two ledgers of one file
+        name from different folders would overwrite each other there, so the second is refused."""
         assert ledger.path is not None
         if self.out_dir is None:
             return ledger.path
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        return self.out_dir / ledger.path.name
+        target = self.out_dir / ledger.path.name
+        owner = self._targets.setdefault(target, ledger.path.resolve())
+        if owner != ledger.path.resolve():
+            raise FileExistsError(f"--ledger-out {self.out_dir}: {ledger.path} and {owner} would both be written "
+                                  f"to {target}; record them into different folders")
+        return target
 
     # -- reporting ---------------------------------------------------------------------------------------
     def time_breakdown(self, ledger_id: str) -> dict[str, Any]:

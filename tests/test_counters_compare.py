@@ -415,3 +415,16 @@ def test_a_point_is_compared_against_the_machine_of_the_run_that_recorded_it(mon
     assert session.not_comparable(mixed, ("copy", 0.0, 1)) is None
     assert "Some Other CPU" in (session.not_comparable(mixed, ("copy", 0.0, 2)) or "")
     assert session.not_comparable(mixed) is not None  # without a point: the ledger's latest machine
+
+
+def test_two_ledgers_of_one_file_name_cannot_overwrite_each_other_in_ledger_out(tmp_path):
+    from specledger.session import SuiteSession
+
+    data = load_ledger(Path(__file__).resolve().parents[1] / "ledgers" / "cpu-smollm2.json").data
+    first = Ledger(tmp_path / "a" / "same.json", data)
+    second = Ledger(tmp_path / "b" / "same.json", {**data, "id": "other"})
+    session = SuiteSession(root=Path("."), record=True, out_dir=tmp_path / "out")
+    assert session._target_path(first) == tmp_path / "out" / "same.json"
+    assert session._target_path(first) == tmp_path / "out" / "same.json"  # the same ledger again: fine
+    with pytest.raises(FileExistsError, match="would both be written to"):
+        session._target_path(second)
