@@ -294,13 +294,15 @@ def test_a_server_killed_mid_verification_is_named_and_nothing_is_recorded(cpu_s
     command = [sys.executable, "-m", "pytest", "tests/test_ledgers.py", "-m", "engine", "-p", "no:cacheprovider",
                "-s", "--ledger", str(LEDGER), "--ledger-points", HTTP_POINTS,
                *(f"--ledger-endpoint={arm}={url}" for arm, url in cpu_servers.items())]
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # else the marker comes only at the end
     lines = []
     assert proc.stdout is not None
     for line in proc.stdout:
         lines.append(line.rstrip())
         if "warm-up ngram" in line or "repeat 1/" in line:
             break
+    assert proc.poll() is None, "the verification ended before the server could be killed:\n" + "\n".join(lines)
     victim = cpu_servers.started["ngram"]
     os.killpg(victim.process.pid, signal.SIGKILL)
     _say(request.config, f"killed the ngram server at {victim.base_url}")

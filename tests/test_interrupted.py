@@ -48,7 +48,8 @@ def _record(ledger: Path, *extra: str) -> subprocess.Popen[str]:
         [sys.executable, "-m", "pytest", "tests/test_ledgers.py", "-m", "engine", "-p", "no:cacheprovider", "-s",
          "-o", "addopts=", "--ledger", str(ledger), "--ledger-points", POINT, "--ledger-record",
          "--ledger-force-busy", *extra],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})  # a pipe is block-buffered: the marker would come at the end
 
 
 def _wait_for(proc: subprocess.Popen[str], marker: str, timeout_s: float = 600) -> list[str]:
@@ -80,6 +81,7 @@ def test_a_recording_killed_mid_point_loses_nothing_and_resumes(tmp_path: Path, 
     before = ledger.read_bytes()
     proc = _record(ledger)
     _wait_for(proc, "repeat 1/2")  # engines up, the first timed window of the point done
+    assert proc.poll() is None, "the recording ended before it could be interrupted"
     engines = _descendants(proc.pid)
     assert engines, "the recording started no engine process"
     # a write killed between its temporary file and the rename leaves this behind
