@@ -576,7 +576,7 @@ def cmd_replan(args: argparse.Namespace) -> int:
     import json
 
     from specledger.migrate import replan_data
-    from specledger.schema import Ledger, load_ledger, write_ledger
+    from specledger.schema import write_ledger
 
     try:
         protocol = json.loads(args.protocol) if args.protocol else None
@@ -584,14 +584,17 @@ def cmd_replan(args: argparse.Namespace) -> int:
         raise _UsageError(f"--protocol: not JSON: {e}") from None
     if protocol is not None and not isinstance(protocol, dict):
         raise _UsageError("--protocol: expected a JSON object of protocol sections")
-    source = load_ledger(args.ledger)
+    _, source = _load_one(args.ledger)
     try:
         data = replan_data(source.data, protocol, note=args.note)
     except ValueError as e:
         raise _UsageError(f"--protocol: {e}") from None
-    if Path(args.out).exists() and not args.force:
-        raise _UsageError(f"-o {args.out}: exists; pass --force to replace it")
-    write_ledger(Path(args.out), data, overwrite=args.force)
+    try:  # validated before it is written: a --protocol value the schema refuses is named at its path
+        write_ledger(Path(args.out), data, overwrite=args.force)
+    except FileExistsError:
+        raise _UsageError(f"-o {args.out}: exists; pass --force to replace it") from None
+    except LedgerError as e:
+        raise _LedgerProblems(e) from None
     grid = list(Ledger(Path(args.out), data).grid())
     print(f"{args.out}: planned {data['id']} ({len(data['arms'])} arms, {len(grid)} grid points, protocol v3)")
     return EXIT_OK

@@ -257,11 +257,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"[crosscheck {time.strftime('%H:%M:%S')}] {line}", flush=True)
 
     from specledger import trust
+    from specledger.schema import LedgerError
 
-    ledger = load_ledger(args.ledger)
-    try:
+    try:  # a ledger that does not load, or that would pass code to the servers: exit 1, nothing started
+        ledger = load_ledger(args.ledger)
         trust.check(ledger.data, str(args.ledger), trusted=args.trust)
-    except trust.UntrustedLedger as e:
+    except (LedgerError, trust.UntrustedLedger) as e:
         print(f"specledger crosscheck: {e}", file=sys.stderr)
         return 1
     try:

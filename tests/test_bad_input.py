@@ -366,3 +366,14 @@ def test_a_median_that_cannot_be_the_middle_of_its_repeats_is_an_audit_error(tmp
     path.write_text(json.dumps(data))
     main(["audit", str(path)])
     assert "[repeats]" not in capsys.readouterr().out
+
+
+def test_crosscheck_of_a_ledger_that_does_not_load_is_refused_before_any_server(tmp_path, capsys):
+    data = _small()
+    data["provenance"]["date"] = "last Tuesday"
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    assert main(["crosscheck", str(path), "--point", "copy:0:1", "--arm", "eagle"]) == 1
+    out, err = capsys.readouterr()
+    assert f"{path}: $.provenance.date" in err
+    _no_traceback(out, err)

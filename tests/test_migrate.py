@@ -310,3 +310,16 @@ def test_replan_cli_writes_once_and_refuses_to_overwrite(tmp_path, capsys):
     assert "--force" in capsys.readouterr().err and out.read_bytes() == before
     assert main(["replan", str(BURST), "-o", str(tmp_path / "x.json"), "--protocol", "[1]"]) == 2
     assert "JSON object" in capsys.readouterr().err
+
+
+def test_replan_of_a_ledger_that_does_not_load_or_a_protocol_the_schema_refuses(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    data = json.loads(BURST.read_text())
+    data["provenance"]["date"] = "yesterday"
+    bad.write_text(json.dumps(data))
+    assert main(["replan", str(bad), "-o", str(tmp_path / "p.json")]) == 1
+    err = capsys.readouterr().err
+    assert "$.provenance.date" in err and "Traceback" not in err
+    out = tmp_path / "q.json"
+    assert main(["replan", str(BURST), "-o", str(out), "--protocol", '{"window": {"min_s": -1}}']) == 1
+    assert "$.protocol.window.min_s" in capsys.readouterr().err and not out.exists()
