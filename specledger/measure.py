@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from specledger import __version__, counters, stats
-from specledger.schema import DEFAULT_PROTOCOL, Ledger
+from specledger.schema import Ledger, protocol_over_defaults
 from specledger.theory import sessions as sessions_at
 from specledger.workloads import load_workload, resolve_fixture
 
@@ -58,9 +58,7 @@ def _noop(_: str) -> None:
 
 def protocol_for(ledger: Ledger) -> dict[str, Any]:
     """The ledger's v3 protocol over the defaults (sub-dicts merged, so a ledger can state one knob)."""
-    own = ledger.data.get("protocol") or {}
-    return {key: ({**value, **own.get(key, {})} if isinstance(value, dict) else own.get(key, value))
-            for key, value in DEFAULT_PROTOCOL.items()}
+    return protocol_over_defaults(ledger.data.get("protocol"))
 
 
 def prompts_for(ledger: Ledger, workload_name: str, root: Path | None = None) -> list[str]:

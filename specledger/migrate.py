@@ -22,9 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specledger.schema import DEFAULT_PROTOCOL, SCHEMA_VERSION, Ledger, dump_ledger, load_ledger, parse_ledger
+from specledger.schema import (
+    DEFAULT_PROTOCOL,
+    SCHEMA_VERSION,
+    Ledger,
+    dump_ledger,
+    has_figures,
+    load_ledger,
+    parse_ledger,
+    protocol_over_defaults,
+)
 
-__all__ = ["Migration", "has_figures", "migrate_data", "migrate_file", "replan_data"]
+__all__ = ["Migration", "migrate_data", "migrate_file", "replan_data"]
 
 #: What a recording writes into an arm (its engine's facts): a planned ledger states none of them.
 _MEASURED_ARM_KEYS = ("effective_config", "kv_cache", "sessions")
@@ -35,12 +44,6 @@ _FIGURE_KEYS = ("provenance", "critical_concurrency", "claims")
 
 #: Keys a point's protocol_version goes after (the point's conditions), in this order of preference.
 _CONDITION_KEYS = ("concurrency", "temperature", "workload")
-
-
-def has_figures(point: Mapping[str, Any]) -> bool:
-    """Whether a point holds any measured (or published) figure: some arm result is not empty."""
-    arms = point.get("arms")
-    return isinstance(arms, Mapping) and any(isinstance(r, Mapping) and r for r in arms.values())
 
 
 def _with_protocol_version(point: Mapping[str, Any]) -> dict[str, Any]:
@@ -132,12 +135,10 @@ def replan_data(data: Mapping[str, Any], protocol: Mapping[str, Any] | None = No
         for key in _MEASURED_ARM_KEYS:
             arm.pop(key, None)
     out["sweep"] = {k: v for k, v in (out.get("sweep") or {}).items() if k not in _V1_SWEEP_KEYS}
-    merged: dict[str, Any] = copy.deepcopy(DEFAULT_PROTOCOL)
-    for key, value in (protocol or {}).items():
-        if key not in merged:
-            raise ValueError(f"protocol has no setting {key!r} (known: {', '.join(merged)})")
-        merged[key] = {**merged[key], **value} if isinstance(merged[key], dict) else value
-    out["protocol"] = merged
+    unknown = [key for key in protocol or {} if key not in DEFAULT_PROTOCOL]
+    if unknown:
+        raise ValueError(f"protocol has no setting {unknown[0]!r} (known: {', '.join(DEFAULT_PROTOCOL)})")
+    out["protocol"] = protocol_over_defaults(protocol)
     out["notes"] = [note or f"Planned from {data.get('id')!r} ({data.get('status')}) to be recorded with protocol v3: "
                     "its figures, if any, stay wherever that ledger was kept."]
     return out

@@ -43,12 +43,14 @@ __all__ = [
     "LedgerError",
     "Problem",
     "dump_ledger",
+    "has_figures",
     "iter_ledger_paths",
     "json_path",
     "load_json_safely",
     "load_ledger",
     "load_schema",
     "parse_ledger",
+    "protocol_over_defaults",
     "read_text_safely",
     "remove_stale_temporaries",
     "stale_temporaries",
@@ -82,6 +84,20 @@ DEFAULT_PROTOCOL: dict[str, Any] = {
         "estimator": "ratio of mean window throughput over paired repeats",
     },
 }
+
+def protocol_over_defaults(own: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A protocol's settings over DEFAULT_PROTOCOL, section by section (sub-dicts merged, so a ledger or
+    a plan can state one knob); a new dict. The schema forbids sections it does not know."""
+    own = own or {}
+    return {key: ({**value, **own.get(key, {})} if isinstance(value, dict) else own.get(key, value))
+            for key, value in DEFAULT_PROTOCOL.items()}  # each section's values are scalars
+
+
+def has_figures(point: Mapping[str, Any]) -> bool:
+    """Whether a point holds any measured (or published) figure: some arm result is not empty."""
+    arms = point.get("arms")
+    return isinstance(arms, Mapping) and any(isinstance(r, Mapping) and r for r in arms.values())
+
 
 #: How far a verification may land from committed figures when the ledger does not say.
 DEFAULT_TOLERANCES: Mapping[str, float] = {
@@ -762,7 +778,7 @@ def _figure_problems(data: dict[str, Any], file: str) -> list[Problem]:
         if not isinstance(point, dict) or not isinstance(point.get("arms"), dict):
             continue
         arms = point["arms"]
-        with_figures = [name for name, r in arms.items() if isinstance(r, dict) and r]
+        with_figures = has_figures(point)
         if status == "planned" and with_figures:
             problems.append(Problem(file, json_path(["points", i]),
                                     "a planned ledger holds figures here (a recorded ledger is status measured)"))

@@ -10,8 +10,8 @@ import pytest
 
 from specledger import schema
 from specledger.cli import main
-from specledger.migrate import has_figures, migrate_data, migrate_file, replan_data
-from specledger.schema import LedgerError, dump_ledger, load_ledger, parse_ledger
+from specledger.migrate import migrate_data, migrate_file, replan_data
+from specledger.schema import LedgerError, dump_ledger, has_figures, load_ledger, parse_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = sorted([*(ROOT / "ledgers").glob("*.json"), *(ROOT / "tests" / "data").glob("*.json")])
