@@ -233,8 +233,7 @@ def start_arms(specs: Iterable[ArmSpec], *, progress: Any = None,
                 continue
             if progress:
                 kv = started[-1].info.get("kv_cache", {})
-                st = started[-1].info.get("start_timings", {})
-                build = st.get("ready_at", 0.0) - st.get("build_started_at", 0.0)
+                build = build_seconds(started[-1].info) or 0.0
                 progress(f"arm {spec.name} ready in {time.monotonic() - t0:.0f} s (engine build {build:.0f} s, "
                          f"KV cache {kv.get('tokens', '?')} tokens)")
     except BaseException:
@@ -242,6 +241,14 @@ def start_arms(specs: Iterable[ArmSpec], *, progress: Any = None,
             arm.close()
         raise
     return started
+
+
+def build_seconds(info: Mapping[str, Any]) -> float | None:
+    """Seconds an arm's engine took to build (from its worker's start timings; None when not reported)."""
+    timings = info.get("start_timings")
+    if not timings:
+        return None
+    return float(timings.get("ready_at", 0.0) - timings.get("build_started_at", 0.0))
 
 
 def close_all() -> None:

@@ -339,13 +339,6 @@ def arm_facts(ledger: Ledger, infos: Mapping[str, Mapping[str, Any]]) -> dict[st
 _RUN_KEYS = ("date", "git_commit", "command", "wall_s", "machine", "time_s")
 
 
-def point_label(key: tuple[str, float | None, int | None]) -> str:
-    """``copy:0:64``: a point as ``--ledger-points`` writes it."""
-    workload, temperature, concurrency = key
-    t = "-" if temperature is None else f"{temperature:g}"
-    return f"{workload}:{t}:{'-' if concurrency is None else concurrency}"
-
-
 def merge_runs(previous: Mapping[str, Any] | None, current: Mapping[str, Any], started: str,
                recorded: Sequence[str]) -> list[dict[str, Any]]:
     """``provenance.runs`` after this run: one entry per recording run with the points it holds.

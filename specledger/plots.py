@@ -125,6 +125,10 @@ def _throughput(result: dict[str, Any] | None) -> dict[str, Any]:
     return (result or {}).get("output_tokens_per_s") or {}
 
 
+#: What a bar drawn from a v3 point's stored multiplier_ci95 is (legend text, and how `_ci_bracket` knows one).
+_CI_BAR = "95% CI (paired bootstrap)"
+
+
 def _multiplier_spread(point: dict[str, Any], arm: str, base: str | None) -> tuple[float, float, str] | None:
     """The multiplier's spread over repeats: (low, high, what it is), or None when the ledger has none.
 
@@ -138,7 +142,7 @@ def _multiplier_spread(point: dict[str, Any], arm: str, base: str | None) -> tup
         return None
     ci = (point["arms"].get(arm) or {}).get("multiplier_ci95")
     if ci and ci[0] is not None and ci[1] is not None:  # protocol v3: the paired bootstrap's interval
-        return float(ci[0]), float(ci[1]), "95% CI (paired bootstrap)"
+        return float(ci[0]), float(ci[1]), _CI_BAR
     spec, baseline = _throughput(point["arms"].get(arm)), _throughput(point["arms"].get(base))
     spec_repeats, base_repeats = spec.get("repeats") or [], baseline.get("repeats") or []
     if spec_repeats and len(spec_repeats) == len(base_repeats) and all(b > 0 for b in base_repeats):
@@ -218,7 +222,7 @@ def _plain_log_y(ax: Axes, low: float, high: float) -> None:
 
 def _ci_bracket(spreads: dict[int, tuple[float, float, str] | None]) -> tuple[int | None, int] | None:
     """`theory.loss_bracket` over the points' 95% CIs (None unless every point has one)."""
-    cis = {c: s for c, s in spreads.items() if s is not None and s[2].startswith("95% CI")}
+    cis = {c: s for c, s in spreads.items() if s is not None and s[2] == _CI_BAR}
     if not cis or len(cis) != len(spreads):
         return None
     cs = sorted(cis)
@@ -286,10 +290,10 @@ def multiplier_figure(ledger: Ledger) -> Figure:
             label = condition_label(workload, temperature, arm)
             xs = [int(c) for c in group["concurrency"]]
             ys = [float(m) for m in group["multiplier"]]
+            spreads = {c: _multiplier_spread(p, arm, base) if (p := ledger.find_point(workload, temperature, c))
+                       else None for c in xs}  # one per point: the bars and the legend's bracket
             if row is not None:
                 label += ": " + _crossing_text(row["kind"], row["value"], row)
-                spreads = {c: _multiplier_spread(p, arm, base) for c in xs
-                           if (p := ledger.find_point(workload, temperature, c)) is not None}
                 bracket = _ci_bracket(spreads)
                 if row["kind"] == "crosses" and bracket is not None:
                     label += f"; with the CIs between {bracket[0] or 'below ' + str(xs[0])} and {bracket[1]}"
@@ -309,9 +313,7 @@ def multiplier_figure(ledger: Ledger) -> Figure:
                 label=label,
                 zorder=3,
             )
-            for c in xs:
-                point = ledger.find_point(workload, temperature, c)
-                spread = _multiplier_spread(point, arm, base) if point is not None else None
+            for c, spread in spreads.items():
                 if spread is not None:
                     low, high, what = spread
                     ax.vlines(c * nudge, low, high, color=color, alpha=0.5, linewidth=2.5, zorder=2)

@@ -16,7 +16,7 @@ from typing import Any
 from specledger.schema import Ledger, iter_ledger_paths
 
 __all__ = ["LedgerPoint", "PointSelector", "SelectionError", "ledger_paths", "parse_endpoints",
-           "parse_point_selection", "point_selected", "points", "selector_rank", "skip_reason"]
+           "parse_point_selection", "point_label", "point_selected", "points", "selector_rank", "skip_reason"]
 
 PointSelector = tuple[str, float | None, int | None]
 
@@ -61,6 +61,13 @@ def parse_point_selection(text: str | None) -> list[PointSelector] | None:
             raise SelectionError(f"--ledger-points {item!r}: temperature and concurrency are numbers or *") from None
         selectors.append((parts[0], temp, conc))
     return selectors
+
+
+def point_label(key: tuple[str, float | None, int | None]) -> str:
+    """``copy:0:64``: a point written in this grammar (``-`` for a null temperature or concurrency)."""
+    workload, temperature, concurrency = key
+    t = "-" if temperature is None else f"{temperature:g}"
+    return f"{workload}:{t}:{'-' if concurrency is None else concurrency}"
 
 
 def selector_rank(key: tuple[str, float, int], selectors: list[PointSelector] | None) -> int | None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from specledger import compare, engines, fingerprint, measure
 from specledger.report import config_differences
 from specledger.schema import SCHEMA_VERSION, Ledger, remove_stale_temporaries, write_ledger
+from specledger.selection import point_label
 
 if TYPE_CHECKING:
     from specledger.endpoints import HTTPMode
@@ -156,7 +157,7 @@ class SuiteSession:
         if current is None:
             return None
         prov = ledger.data.get("provenance") or {}
-        run = measure.run_of_point(prov, measure.point_label(key)) if key is not None else None
+        run = measure.run_of_point(prov, point_label(key)) if key is not None else None
         diff = fingerprint.differences((run or prov).get("machine"), current)
         return f"another machine: {fingerprint.describe_differences(diff)}" if diff else None
 
@@ -242,7 +243,7 @@ class SuiteSession:
                                   wall_s=time.monotonic() - self._started, root=self.root,
                                   machine=self.machine(ledger))
         prov["time_s"] = self.time_breakdown(ledger.id)
-        recorded = [measure.point_label(key) for (lid, key) in self._stored if lid == ledger.id]
+        recorded = [point_label(key) for (lid, key) in self._stored if lid == ledger.id]
         prov["runs"] = measure.merge_runs(previous, prov, self._started_at, recorded)
         data["provenance"] = prov
         target = self._target_path(ledger)
@@ -270,8 +271,8 @@ class SuiteSession:
         measurement, and staging before the run when ``SPECLEDGER_STAGING_S`` says (the visit's own
         count, which this process cannot see)."""
         walls = [m.wall_s for (lid, _), m in self._cache.items() if lid == ledger_id]
-        builds = {name: round(float(info["start_timings"]["ready_at"] - info["start_timings"]["build_started_at"]), 1)
-                  for name, info in self._infos.get(ledger_id, {}).items() if info.get("start_timings")}
+        builds = {name: round(seconds, 1) for name, info in self._infos.get(ledger_id, {}).items()
+                  if (seconds := engines.build_seconds(info)) is not None}
         out: dict[str, Any] = {
             "model_build": round(self._model_build_s.get(ledger_id, 0.0), 1),
             "engine_starts": round(self._engine_starts_s.get(ledger_id, 0.0), 1),

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from specledger import compare, counters, load, measure, report
+from specledger import compare, counters, load, measure, report, selection
 from specledger.schema import DEFAULT_PROTOCOL, Ledger, dump_ledger, load_ledger, parse_ledger
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -396,7 +396,8 @@ def test_runs_keep_who_measured_which_point_across_resumed_recordings():
     assert measure.run_of_point(prov, "copy:1:1")["machine"] == {"cpu_model": "B"}
     assert measure.run_of_point(prov, "copy:0:64")["git_commit"] == "b0661a0"  # the legacy run holds the rest
     assert measure.run_of_point({}, "copy:0:64") is None
-    assert measure.point_label(("copy", 0.0, 64)) == "copy:0:64" and measure.point_label(("x", None, None)) == "x:-:-"
+    assert selection.point_label(("copy", 0.0, 64)) == "copy:0:64"
+    assert selection.point_label(("x", None, None)) == "x:-:-"
 
 
 def test_a_point_is_compared_against_the_machine_of_the_run_that_recorded_it(monkeypatch):
