@@ -24,10 +24,20 @@ import os
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any, Literal
 
-from specledger import stats, theory
+from specledger import figures, stats, theory
+from specledger.figures import (
+    decimals_of,
+    decimals_word,
+    eps,
+    half_unit,
+    is_v3,
+    multiplier_centres,
+    multiplier_interval,
+    ratio_interval,
+    rounds_to,
+)
 from specledger.schema import Ledger, LedgerError, Problem, iter_ledger_paths, json_path, load_ledger
 
 __all__ = [
@@ -36,11 +46,6 @@ __all__ = [
     "at_least",
     "audit_ledger",
     "audit_paths",
-    "decimals_of",
-    "half_unit",
-    "point_multiplier",
-    "ratio_interval",
-    "rounds_to",
 ]
 
 Severity = Literal["error", "warning", "info"]
@@ -71,52 +76,9 @@ class Finding:
 # --------------------------------------------------------------------------------------------
 
 
-def _eps(x: float) -> float:
-    """Float slack: the figures are decimal, the arithmetic binary."""
-    return 1e-9 * max(1.0, abs(x))
-
-
-def half_unit(decimals: int) -> float:
-    """Half the last stated digit: how far a value rounded to `decimals` may be from the truth."""
-    return 0.5 * 10.0**-decimals
-
-
-def rounds_to(stated: float, lo: float, hi: float, decimals: int) -> bool:
-    """Whether some exact value in [lo, hi] rounds to `stated` at `decimals` decimals.
-
-    A stated value with more decimals than it claims to have is never a rounding of anything.
-    Ties are accepted both ways (half-up and half-even disagree on them).
-    """
-    if abs(round(stated, decimals) - stated) > _eps(stated):
-        return False
-    slack = half_unit(decimals) + _eps(stated)
-    return lo <= stated + slack and hi >= stated - slack
-
-
-def ratio_interval(
-    num: float, num_decimals: int | None, den: float, den_decimals: int | None
-) -> tuple[float, float]:
-    """The range of num/den when both were rounded (None: exact); den's interval must stay positive."""
-    hn = 0.0 if num_decimals is None else half_unit(num_decimals)
-    hd = 0.0 if den_decimals is None else half_unit(den_decimals)
-    num_lo, num_hi = max(num - hn, 0.0), num + hn
-    den_lo, den_hi = den - hd, den + hd
-    return num_lo / den_hi, (num_hi / den_lo if den_lo > 0 else math.inf)
-
-
-def decimals_of(value: float) -> int:
-    """Decimals a figure was written with (for figures whose rounding the ledger does not state)."""
-    exponent = Decimal(repr(float(value))).normalize().as_tuple().exponent
-    return max(0, -int(exponent))
-
-
 def _num(x: float) -> str:
     """A figure as the ledger writes it: 2306 for an int, 3.0 and 88.7 for floats (shortest repr)."""
     return str(x) if isinstance(x, int) else repr(float(x))
-
-
-def _decimals_word(d: int) -> str:
-    return f"{d} decimal" if d == 1 else f"{d} decimals"
 
 
 def _is_number(x: Any) -> bool:
@@ -126,20 +88,6 @@ def _is_number(x: Any) -> bool:
 # --------------------------------------------------------------------------------------------
 # the audit
 # --------------------------------------------------------------------------------------------
-
-
-def _is_v3(point: Mapping[str, Any]) -> bool:
-    """Measured with protocol v3: its multipliers are ratios of means with bootstrap intervals."""
-    return point.get("protocol_version") == 3
-
-
-def _centre(thr: Mapping[str, Any] | None, v3: bool) -> float | None:
-    """The throughput a multiplier divides: for v3 the mean (of the repeats, the rawer figure, else as
-    stated: both within half a unit of the exact mean), else the median."""
-    thr = thr or {}
-    if not v3:
-        return thr.get("median")
-    return statistics.fmean(thr["repeats"]) if thr.get("repeats") else thr.get("mean")
 
 
 def _where(point: Mapping[str, Any]) -> str:
@@ -224,7 +172,7 @@ class _Audit:
                 ):
                     if field in result:
                         self.multiplier([*parts, field], point, arm_name, base, result[field], rounding)
-                if _is_v3(point):
+                if is_v3(point):
                     self.intervals(parts, result)
                 low_high = result.get("multiplier_range")
                 if low_high is not None and low_high[0] > low_high[1]:
@@ -238,7 +186,7 @@ class _Audit:
                         self.add([*parts, "request_time_s", timer], "repeats",
                                  f"{len(times)} request times for {n_repeats} throughput repeats")
                 per_step = result.get("speculative_tokens_per_step")
-                if per_step is not None and k is not None and per_step > k + _eps(k):
+                if per_step is not None and k is not None and per_step > k + eps(k):
                     self.add(
                         [*parts, "speculative_tokens_per_step"],
                         "draft-length",
@@ -257,7 +205,7 @@ class _Audit:
             if interval is None or value is None or len(interval) != 2:
                 continue
             low, high = interval
-            if not low - _eps(low) <= value <= high + _eps(high):
+            if not low - eps(low) <= value <= high + eps(high):
                 self.add([*parts, *field_parts], "interval",
                          f"interval {_num(low)}..{_num(high)} does not hold the {what} {_num(value)} it bounds")
 
@@ -279,15 +227,15 @@ class _Audit:
                 ("mean", statistics.fmean(repeats), unit),
             ):
                 stated = thr.get(field)
-                if stated is not None and abs(stated - exact) > slack + _eps(exact) + _eps(unit):
+                if stated is not None and abs(stated - exact) > slack + eps(exact) + eps(unit):
                     self.add(
                         [*parts, field],
                         "repeats",
                         f"{field} {_num(stated)} disagrees with the {field} of the repeats, {_num(exact)}",
                     )
-        if low is not None and median is not None and low > median + _eps(median):
+        if low is not None and median is not None and low > median + eps(median):
             self.add([*parts, "min"], "order", f"min {_num(low)} is above the median {_num(median)}")
-        if high is not None and median is not None and median > high + _eps(high):
+        if high is not None and median is not None and median > high + eps(high):
             self.add([*parts, "max"], "order", f"max {_num(high)} is below the median {_num(median)}")
 
     def multiplier(
@@ -300,29 +248,25 @@ class _Audit:
         rounding: dict[str, int],
     ) -> None:
         """A stated multiplier must be a rounding of (arm median / baseline median); of means for v3."""
-        v3 = _is_v3(point)
-        spec = _centre(point["arms"][arm_name].get("output_tokens_per_s"), v3)
-        base_result = point["arms"].get(base, {}) if base else {}
-        base_median = _centre(base_result.get("output_tokens_per_s"), v3)
-        centre = "mean" if v3 else "median"
-        if spec is None or base_median is None:
+        centres = multiplier_centres(point, arm_name, base)
+        if centres is None:
             return
+        spec, base_centre, centre = centres
         decimals, tps = rounding["multiplier"], rounding["output_tokens_per_s"]
-        if base_median <= 0:
+        if base_centre <= 0:
             self.add(
-                parts, "multiplier-ratio", f"baseline arm {base!r} has {centre} {_num(base_median)}: no ratio"
+                parts, "multiplier-ratio", f"baseline arm {base!r} has {centre} {_num(base_centre)}: no ratio"
             )
             return
-        lo, hi = ratio_interval(spec, tps, base_median, tps)
+        lo, hi = ratio_interval(spec, tps, base_centre, tps)
         holds = rounds_to(stated, lo, hi, decimals)
-        ratio = spec / base_median
-        message = f"{spec:.{tps}f}/{base_median:.{tps}f} = {ratio:.3f}, stated as {_num(stated)}: "
+        message = f"{spec:.{tps}f}/{base_centre:.{tps}f} = {spec / base_centre:.3f}, stated as {_num(stated)}: "
         if holds:
-            message += f"holds at {_decimals_word(decimals)}"
+            message += f"holds at {decimals_word(decimals)}"
         else:
             message += (
-                f"does not hold at {_decimals_word(decimals)} "
-                f"({centre}s rounded to {_decimals_word(tps)} allow {lo:.4f}..{hi:.4f})"
+                f"does not hold at {decimals_word(decimals)} "
+                f"({centre}s rounded to {decimals_word(tps)} allow {lo:.4f}..{hi:.4f})"
             )
         self.verdict(parts, "multiplier-ratio", holds, message, info=self.reference)
 
@@ -339,14 +283,14 @@ class _Audit:
         d_len, d_rate = rounding["acceptance_length"], rounding["acceptance_rate"]
 
         if k is not None:
-            if length is not None and length > k + 1 + _eps(k):
+            if length is not None and length > k + 1 + eps(k):
                 self.add(
                     [*parts, "acceptance_length"],
                     "acceptance-bound",
                     f"acceptance length {_num(length)} exceeds k+1 = {k + 1} (num_speculative_tokens {k})",
                 )
             for j, bound in enumerate(length_range or []):
-                if bound > k + 1 + _eps(k):
+                if bound > k + 1 + eps(k):
                     self.add(
                         [*parts, "acceptance_length_range", j],
                         "acceptance-bound",
@@ -378,13 +322,13 @@ class _Audit:
                         [*parts, "accepted_tokens"], "counts", f"{accepted} accepted tokens but 0 drafts"
                     )
             else:
-                exact = 1 + accepted / drafts
+                exact = figures.acceptance_length(accepted, drafts)
                 self.verdict(
                     [*parts, "acceptance_length"],
                     "acceptance-length-counts",
                     rounds_to(length, exact, exact, d_len),
                     f"1 + {accepted}/{drafts} = {exact:.4f}, stated as {_num(length)} "
-                    f"(rounding: {_decimals_word(d_len)})",
+                    f"(rounding: {decimals_word(d_len)})",
                     info=False,
                 )
         if draft_tokens and accepted is not None and rate is not None:
@@ -394,7 +338,7 @@ class _Audit:
                 "acceptance-rate-counts",
                 rounds_to(rate, exact, exact, d_rate),
                 f"{accepted}/{draft_tokens} = {exact:.5f}, stated as {_num(rate)} "
-                f"(rounding: {_decimals_word(d_rate)})",
+                f"(rounding: {decimals_word(d_rate)})",
                 info=False,
             )
         if accepted is not None and draft_tokens is not None and accepted > draft_tokens:
@@ -467,7 +411,7 @@ class _Audit:
                     "per-position-counts",
                     rounds_to(fractions[i], exact, exact, d_rate),
                     f"{count}/{drafts} = {exact:.5f}, stated as {_num(fractions[i])} "
-                    f"(rounding: {_decimals_word(d_rate)})",
+                    f"(rounding: {decimals_word(d_rate)})",
                     info=False,
                 )
 
@@ -498,7 +442,7 @@ class _Audit:
                         "sessions",
                         rounds_to(entry["sessions"], exact, exact, d_sessions),
                         f"{tokens}/{entry['context_tokens']} = {exact:.4f} sessions, stated as "
-                        f"{_num(entry['sessions'])} (rounding: {_decimals_word(d_sessions)})",
+                        f"{_num(entry['sessions'])} (rounding: {decimals_word(d_sessions)})",
                         info=False,
                     )
             if "change_vs_baseline" in kv:
@@ -548,7 +492,7 @@ class _Audit:
             ["arms", i, "kv_cache", "change_vs_baseline"],
             "kv-change",
             holds,
-            f"{how}, stated as {_num(stated)}: {verb} at {_decimals_word(decimals)}",
+            f"{how}, stated as {_num(stated)}: {verb} at {decimals_word(decimals)}",
             info=self.reference,
         )
 
@@ -561,7 +505,7 @@ class _Audit:
             points = [p for p in points if p["temperature"] == temperature]
         pairs = []
         for p in points:
-            m = point_multiplier(self.ledger, p, arm)
+            m = figures.multiplier(self.ledger, p, arm)
             if m is not None:
                 pairs.append((p["concurrency"], m))
         pairs.sort()
@@ -641,7 +585,7 @@ class _Audit:
                 [*parts, "value"],
                 "claim",
                 holds,
-                f"{how}, stated as {claim['text']}: {verb} at {_decimals_word(decimals)}",
+                f"{how}, stated as {claim['text']}: {verb} at {decimals_word(decimals)}",
                 info=True,
             )
 
@@ -700,21 +644,18 @@ class _Audit:
         rounding = self.ledger.rounding_for(point)
         result = point["arms"][arm]
         if metric == "multiplier":
-            base = self.ledger.baseline_arm_for(arm)
-            v3 = _is_v3(point)
-            spec = _centre(result.get("output_tokens_per_s"), v3)
-            base_median = _centre(point["arms"].get(base, {}).get("output_tokens_per_s"), v3) if base else None
-            if spec is not None and base_median:
-                d = rounding["output_tokens_per_s"]
-                lo, hi = ratio_interval(spec, d, base_median, d)
-                return lo, hi, f"{spec:.{d}f}/{base_median:.{d}f} = {spec / base_median:.3f}"
+            d = rounding["output_tokens_per_s"]
+            found = multiplier_interval(point, arm, self.ledger.baseline_arm_for(arm), d)
+            if found is not None:
+                lo, hi, (spec, base_centre, _) = found
+                return lo, hi, f"{spec:.{d}f}/{base_centre:.{d}f} = {spec / base_centre:.3f}"
             if "multiplier" in result:
                 return self.stated_interval(result["multiplier"], rounding["multiplier"], "multiplier")
             raise _Unresolved(f"point has neither medians nor a multiplier for arm {arm!r}")
         if metric == "acceptance_length":
             acc = result.get("acceptance", {})
             if acc.get("drafts") and acc.get("accepted_tokens") is not None:
-                exact = 1 + acc["accepted_tokens"] / acc["drafts"]
+                exact = figures.acceptance_length(acc["accepted_tokens"], acc["drafts"])
                 return exact, exact, f"1 + {acc['accepted_tokens']}/{acc['drafts']} = {exact:.3f}"
             if "acceptance_length" in acc:
                 return self.stated_interval(
@@ -732,7 +673,7 @@ class _Audit:
         return (
             value - h,
             value + h,
-            f"{what} {_num(value)} (rounded to {_decimals_word(decimals)}: {value - h:g}..{value + h:g})",
+            f"{what} {_num(value)} (rounded to {decimals_word(decimals)}: {value - h:g}..{value + h:g})",
         )
 
     # -- mix --------------------------------------------------------------------------------
@@ -826,7 +767,7 @@ class _Audit:
                 result = point["arms"].get(arm["name"]) or {}
                 interval, m = result.get("multiplier_ci95"), result.get("multiplier")
                 n = len((result.get("output_tokens_per_s") or {}).get("repeats") or [])
-                if not _is_v3(point) or interval is None or not m or m <= 0 or n < 2:
+                if not is_v3(point) or interval is None or not m or m <= 0 or n < 2:
                     continue
                 h = (interval[1] - interval[0]) / 2 / m
                 fresh = max_repeats or n  # no protocol stated: a verification repeats what was recorded
@@ -868,22 +809,6 @@ class _Unresolved(Exception):
 
 
 _ANY = object()
-
-
-def point_multiplier(ledger: Ledger, point: dict[str, Any], arm: str) -> float | None:
-    """The arm's multiplier at a point: as stated, else the ratio of medians (means for v3), else None."""
-    result = point["arms"].get(arm)
-    if result is None:
-        return None
-    if result.get("multiplier") is not None:
-        return result["multiplier"]
-    base = ledger.baseline_arm_for(arm)
-    v3 = _is_v3(point)
-    spec = _centre(result.get("output_tokens_per_s"), v3)
-    base_median = _centre(point["arms"].get(base, {}).get("output_tokens_per_s"), v3) if base else None
-    if spec is not None and base_median:
-        return spec / base_median
-    return None
 
 
 def audit_ledger(ledger: Ledger) -> list[Finding]:

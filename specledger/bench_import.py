@@ -61,6 +61,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from specledger import figures
 from specledger.schema import DEFAULT_ROUNDING, SCHEMA_VERSION, LedgerError, load_json_safely
 
 __all__ = ["IMPORT_PREFIX", "BenchImportError", "BenchRun", "import_bench", "load_bench_result"]
@@ -468,10 +469,10 @@ def _acceptance(run: BenchRun, problems: list[str]) -> dict[str, Any] | None:
             f"{run.file}: spec_decode_acceptance_rate {rate_pct!r} is not accepted/draft_tokens in percent "
             f"({accepted}/{draft_tokens} x 100 = {100.0 * accepted / draft_tokens:.4f})"
         )
-    if not _close(length, 1.0 + accepted / drafts):
+    if not _close(length, figures.acceptance_length(accepted, drafts)):
         problems.append(
             f"{run.file}: spec_decode_acceptance_length {length!r} is not 1 + accepted/drafts "
-            f"(1 + {accepted}/{drafts} = {1.0 + accepted / drafts:.4f})"
+            f"(1 + {accepted}/{drafts} = {figures.acceptance_length(accepted, drafts):.4f})"
         )
     counts = [v * drafts for v in per_pos]
     whole = all(abs(c - round(c)) < 1e-6 for c in counts)

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from specledger import theory
-from specledger.audit import decimals_of, point_multiplier, ratio_interval, rounds_to
+from specledger import figures, theory
+from specledger.figures import decimals_of, decimals_word, rounds_to
 from specledger.schema import (
     Ledger,
     LedgerError,
@@ -503,10 +503,6 @@ class _Source:
     decimals: int | None = None  # a stored, rounded figure cannot back a finer stated rounding
 
 
-def _decimals_word(d: int) -> str:
-    return f"{d} decimal" if d == 1 else f"{d} decimals"
-
-
 def _fmt(x: float) -> str:
     return str(x) if isinstance(x, int) else repr(float(x))
 
@@ -542,23 +538,18 @@ def _point(ledger: Ledger, s: Subject) -> dict[str, Any]:
     return point
 
 
-def _median(point: dict[str, Any], arm: str | None) -> float | None:
-    if arm is None:
-        return None
-    return point["arms"].get(arm, {}).get("output_tokens_per_s", {}).get("median")
-
-
 def _stored(label: str, value: Any, decimals: int) -> list[_Source]:
     return [] if value is None else [_Source(f"{label} {_fmt(value)}", value, value, decimals)]
 
 
-def _ratio(label: str, point: dict[str, Any], arm: str, base: str | None, tps: int) -> list[_Source]:
-    """The ratio of medians, as an interval because the medians themselves are rounded."""
-    num, den = _median(point, arm), _median(point, base)
-    if num is None or not den:
+def _ratio(against: str, point: dict[str, Any], arm: str, base: str | None, tps: int) -> list[_Source]:
+    """The ratio of the throughputs the multiplier divides (means for v3, medians before), as an interval
+    because those throughputs are themselves rounded."""
+    found = figures.multiplier_interval(point, arm, base, tps)
+    if found is None:
         return []
-    lo, hi = ratio_interval(num, tps, den, tps)
-    return [_Source(f"{label} {_fmt(num)}/{_fmt(den)} = {num / den:.4f}", lo, hi)]
+    lo, hi, (num, den, statistic) = found
+    return [_Source(f"ratio of {statistic}s{against} {_fmt(num)}/{_fmt(den)} = {num / den:.4f}", lo, hi)]
 
 
 def _point_sources(ledger: Ledger, metric: str, s: Subject) -> list[_Source]:
@@ -578,11 +569,11 @@ def _point_sources(ledger: Ledger, metric: str, s: Subject) -> list[_Source]:
         return _stored(f"stored {figure}_ci95 {bound}", ci[_CI_BOUNDS[bound]], rounding["multiplier"])
     if metric == "multiplier":
         return _stored("stored multiplier", result.get("multiplier"), rounding["multiplier"]) + _ratio(
-            "ratio of medians", point, s.arm, ledger.baseline_arm_for(s.arm), tps
+            "", point, s.arm, ledger.baseline_arm_for(s.arm), tps
         )
     if metric == "multiplier_vs_matched":
         return _stored("stored multiplier_vs_matched", result.get("multiplier_vs_matched"), rounding["multiplier"]) + (
-            _ratio("ratio of medians vs matched", point, s.arm, ledger.matched_baseline_for(s.arm), tps)
+            _ratio(" vs matched", point, s.arm, ledger.matched_baseline_for(s.arm), tps)
         )
     thr = result.get("output_tokens_per_s") or {}
     if metric.startswith("output_tokens_per_s"):
@@ -639,12 +630,12 @@ def _judge(stated: Stated, sources: Sequence[_Source]) -> tuple[bool, str]:
     matched, missed = [], []
     for source in sources:
         if source.decimals is not None and stated.decimals > source.decimals:
-            missed.append(f"{source.label} has only {_decimals_word(source.decimals)}")
+            missed.append(f"{source.label} has only {decimals_word(source.decimals)}")
         elif rounds_to(stated.value, source.lo, source.hi, stated.decimals):
             matched.append(source.label)
         else:
             missed.append(f"{source.label} rounds to {(source.lo + source.hi) / 2:.{stated.decimals}f}")
-    at = _decimals_word(stated.decimals)
+    at = decimals_word(stated.decimals)
     if matched:
         verb = "rounds" if len(matched) == 1 else "round"
         others = f" ({'; '.join(missed)})" if missed else ""
@@ -661,7 +652,7 @@ def _judge_crossing(ledger: Ledger, claim: Claim) -> tuple[bool, str]:
         for p in ledger.points
         if Ledger.point_key(p)[:2] == (s.workload, s.temperature)
         and p["concurrency"] is not None
-        and (m := point_multiplier(ledger, p, s.arm)) is not None
+        and (m := figures.multiplier(ledger, p, s.arm)) is not None
     )
     if not curve:
         raise Unresolved(

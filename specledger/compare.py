@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from specledger import stats
+from specledger import figures, stats
 from specledger.schema import Ledger
 
 
@@ -168,7 +168,7 @@ def compare_point(ledger: Ledger, arm: str, committed: Mapping[str, Any], measur
     for label, point in (("measured", measured), ("committed", committed)):
         parts = []
         for name in dict.fromkeys(n for n in (arm, base) if n):
-            s = spread(point["arms"].get(name))
+            s = figures.throughput_spread(point["arms"].get(name))
             if s is not None:
                 med = point["arms"][name]["output_tokens_per_s"]["median"]
                 engine = engine_spread(point["arms"][name])
@@ -177,14 +177,6 @@ def compare_point(ledger: Ledger, arm: str, committed: Mapping[str, Any], measur
         if parts:
             result.notes.append(f"{label}: " + ", ".join(parts))
     return result
-
-
-def spread(arm_result: Mapping[str, Any] | None) -> float | None:
-    """(max - min) / median of an arm's repeats: the run-to-run noise of that point."""
-    tps = (arm_result or {}).get("output_tokens_per_s") or {}
-    if not tps.get("median") or tps.get("min") is None or tps.get("max") is None:
-        return None
-    return _range(tps) / tps["median"]
 
 
 def engine_spread(arm_result: Mapping[str, Any]) -> float | None:

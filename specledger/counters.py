@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from specledger import figures
+
 COUNTS = ("drafts", "draft_tokens", "accepted_tokens")
 #: Per-request histograms whose (sum, count) deltas time a run inside the engine: the engine
 #: core's own timestamps (scheduled to last token), and the front end's arrival to finish.
@@ -84,7 +86,7 @@ def acceptance(counts: Mapping[str, Any], k: int | None = None) -> dict[str, Any
         "draft_tokens": draft_tokens,
         "accepted_tokens": accepted,
         "accepted_per_position": per_pos,
-        "acceptance_length": 1.0 + accepted / drafts,
+        "acceptance_length": figures.acceptance_length(accepted, drafts),
         "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
         "per_position": [v / drafts for v in per_pos],
     }

@@ -20,7 +20,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
-from specledger import theory
+from specledger import figures, theory
 from specledger.report import critical_table, points_table
 from specledger.schema import Ledger
 
@@ -125,35 +125,6 @@ def _throughput(result: dict[str, Any] | None) -> dict[str, Any]:
     return (result or {}).get("output_tokens_per_s") or {}
 
 
-#: What a bar drawn from a v3 point's stored multiplier_ci95 is (legend text, and how `_ci_bracket` knows one).
-_CI_BAR = "95% CI (paired bootstrap)"
-
-
-def _multiplier_spread(point: dict[str, Any], arm: str, base: str | None) -> tuple[float, float, str] | None:
-    """The multiplier's spread over repeats: (low, high, what it is), or None when the ledger has none.
-
-    A protocol-v3 point states the multiplier's 95% CI (paired bootstrap, `specledger.stats`):
-    that is the bar. Older points: repeats are paired (same prompts, same repeat, interleaved), so
-    when both arms list their repeats the honest spread is min..max of the per-repeat ratios spec_r / base_r. Without
-    paired repeats it falls back to the spec arm's min..max over the baseline median, which
-    ignores the baseline's own noise (so it understates the spread).
-    """
-    if base is None:
-        return None
-    ci = (point["arms"].get(arm) or {}).get("multiplier_ci95")
-    if ci and ci[0] is not None and ci[1] is not None:  # protocol v3: the paired bootstrap's interval
-        return float(ci[0]), float(ci[1]), _CI_BAR
-    spec, baseline = _throughput(point["arms"].get(arm)), _throughput(point["arms"].get(base))
-    spec_repeats, base_repeats = spec.get("repeats") or [], baseline.get("repeats") or []
-    if spec_repeats and len(spec_repeats) == len(base_repeats) and all(b > 0 for b in base_repeats):
-        ratios = [s / b for s, b in zip(spec_repeats, base_repeats, strict=True)]
-        return min(ratios), max(ratios), "min..max of paired per-repeat ratios"
-    median = baseline.get("median")
-    if median and spec.get("min") is not None and spec.get("max") is not None:
-        return spec["min"] / median, spec["max"] / median, "spec min..max / baseline median"
-    return None
-
-
 def _arm_throughput_rows(ledger: Ledger) -> pd.DataFrame:
     """Every arm's output tokens/s (median, min, max) at every point with a concurrency."""
     rows = []
@@ -222,7 +193,7 @@ def _plain_log_y(ax: Axes, low: float, high: float) -> None:
 
 def _ci_bracket(spreads: dict[int, tuple[float, float, str] | None]) -> tuple[int | None, int] | None:
     """`theory.loss_bracket` over the points' 95% CIs (None unless every point has one)."""
-    cis = {c: s for c, s in spreads.items() if s is not None and s[2] == _CI_BAR}
+    cis = {c: s for c, s in spreads.items() if s is not None and s[2] == figures.CI_BAR}
     if not cis or len(cis) != len(spreads):
         return None
     cs = sorted(cis)
@@ -250,7 +221,7 @@ def multiplier_figure(ledger: Ledger) -> Figure:
     """Multiplier vs concurrency, one panel per speculative arm, one line per workload x temperature.
 
     Lines join the stated multipliers. Vertical bars are the multiplier's uncertainty (see
-    `_multiplier_spread`: the 95% CI of a v3 point, else min..max of the paired per-repeat ratios,
+    `figures.multiplier_bar`: the 95% CI of a v3 point, else min..max of the paired per-repeat ratios,
     else the spec arm's min..max over the baseline median); they are nudged sideways by a few pixels per
     line so that lines sharing a concurrency do not hide each other's bars, while markers and
     lines stay at the true concurrency. The 1.0 line is break-even; a cross marker
@@ -290,7 +261,7 @@ def multiplier_figure(ledger: Ledger) -> Figure:
             label = condition_label(workload, temperature, arm)
             xs = [int(c) for c in group["concurrency"]]
             ys = [float(m) for m in group["multiplier"]]
-            spreads = {c: _multiplier_spread(p, arm, base) if (p := ledger.find_point(workload, temperature, c))
+            spreads = {c: figures.multiplier_bar(p, arm, base) if (p := ledger.find_point(workload, temperature, c))
                        else None for c in xs}  # one per point: the bars and the legend's bracket
             if row is not None:
                 label += ": " + _crossing_text(row["kind"], row["value"], row)

@@ -14,8 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from specledger import theory
-from specledger.audit import point_multiplier
+from specledger import figures, theory
 from specledger.schema import Ledger
 
 __all__ = ["CRITICAL_COLUMNS", "DRAFTER_CONFIG_KEYS", "POINTS_COLUMNS", "config_differences", "critical_table",
@@ -64,22 +63,10 @@ def _median(result: dict[str, Any] | None) -> float:
     return _number(result.get("output_tokens_per_s", {}).get("median"))
 
 
-def _spread(result: dict[str, Any]) -> float:
-    """(max - min) / median of the arm's throughput: how much the repeats disagree."""
-    thr = result.get("output_tokens_per_s") or {}
-    repeats = thr.get("repeats") or []
-    low = thr.get("min", min(repeats) if repeats else None)
-    high = thr.get("max", max(repeats) if repeats else None)
-    median = thr.get("median")
-    if low is None or high is None or not median:
-        return _NAN
-    return (high - low) / median
-
-
 def points_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
     """One row per (ledger, speculative/policy arm, point that has that arm), in ledger order.
 
-    `multiplier` is the stated one, else the ratio of medians; `multiplier_range` (a
+    `multiplier` is the stated one, else `figures.multiplier`'s ratio; `multiplier_range` (a
     (low, high) tuple or None) carries published ranges, which have no single multiplier.
     """
     rows: list[dict[str, Any]] = []
@@ -104,11 +91,11 @@ def points_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
                         "concurrency": point["concurrency"],
                         "baseline_tokens_per_s": _median(point["arms"].get(base) if base else None),
                         "spec_tokens_per_s": _median(result),
-                        "multiplier": _number(point_multiplier(ledger, point, name)),
+                        "multiplier": _number(figures.multiplier(ledger, point, name)),
                         "multiplier_vs_matched": _number(result.get("multiplier_vs_matched")),
                         "acceptance_length": _number(acceptance.get("acceptance_length")),
                         "acceptance_rate": _number(acceptance.get("acceptance_rate")),
-                        "spread": _spread(result),
+                        "spread": _number(figures.throughput_spread(result)),
                         "multiplier_range": tuple(low_high) if low_high is not None else None,
                     }
                 )
@@ -134,7 +121,7 @@ def critical_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
             name = arm["name"]
             curves: dict[tuple[str, float | None], list[tuple[int, float]]] = {}
             for point in ledger.points:
-                multiplier = point_multiplier(ledger, point, name)
+                multiplier = figures.multiplier(ledger, point, name)
                 if point["concurrency"] is None or multiplier is None:
                     continue
                 workload, temperature, concurrency = Ledger.point_key(point)

@@ -431,3 +431,19 @@ def test_ci_bounds_and_means_of_v3_points_are_claims(tmp_path):
     statuses = [v.status for v in audit.verdicts]
     assert statuses == ["holds", "holds", "holds", "fails", "unresolved"], [v.reason for v in audit.verdicts]
     assert "multiplier_ci95" in audit.verdicts[4].reason
+
+
+def test_a_v3_multiplier_claim_is_checked_against_the_ratio_of_means_not_of_medians():
+    """Protocol v3 states the multiplier as a ratio of mean window throughputs. The claims audit used to
+    divide medians there too, so a figure read off the medians held although no v3 figure backs it."""
+    v3 = LedgerSet.load([ROOT / "ledgers" / "h200-smollm2-copy.json"])
+    point = next(p for p in v3.get("h200-smollm2-copy").points if (p["temperature"], p["concurrency"]) == (1.0, 1))
+    thr = {arm: point["arms"][arm]["output_tokens_per_s"] for arm in ("ngram", "baseline")}
+    of_medians = round(thr["ngram"]["median"] / thr["baseline"]["median"], 3)
+    of_means = point["arms"]["ngram"]["multiplier"]
+    assert abs(of_medians - of_means) >= 0.005  # the two readings differ in the stated digits
+
+    wrong = check(v3, f"h200-smollm2-copy ngram copy T=1 c=1 multiplier = {of_medians:.3f}")
+    assert wrong.status == "fails" and "ratio of means" in wrong.reason
+    right = check(v3, f"h200-smollm2-copy ngram copy T=1 c=1 multiplier = {of_means:.3f}")
+    assert right.status == "holds" and "ratio of means" in right.reason

@@ -1,0 +1,216 @@
+"""The figures a stored ledger point yields, and the rounding arithmetic that checks them: one home each.
+
+The audit, the claims audit, the tables of `show`, the plots and the verdict notes all read the same
+figures out of a point: an arm's multiplier, the throughput it divides, the multiplier's bar, the spread
+of the repeats. Each used to carry its own copy, and the copies drifted. The claims audit kept dividing
+medians after protocol v3 had made the multiplier a ratio of means. Every reader now asks here.
+
+`specledger.stats` computes figures from repeats while a point is measured. This module reads what a
+ledger stores.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from specledger.schema import Ledger
+
+__all__ = [
+    "CI_BAR",
+    "acceptance_length",
+    "Centres",
+    "decimals_of",
+    "decimals_word",
+    "eps",
+    "half_unit",
+    "is_v3",
+    "multiplier",
+    "multiplier_bar",
+    "multiplier_centres",
+    "multiplier_interval",
+    "ratio_interval",
+    "rounds_to",
+    "throughput_centre",
+    "throughput_spread",
+]
+
+#: What a bar drawn from a v3 point's stored multiplier_ci95 is (the plots' legend, and how they know one).
+CI_BAR = "95% CI (paired bootstrap)"
+
+Against = Literal["baseline", "matched"]
+
+
+# -- rounding arithmetic -----------------------------------------------------------------------------
+def eps(x: float) -> float:
+    """Float slack: the figures are decimal, the arithmetic binary."""
+    return 1e-9 * max(1.0, abs(x))
+
+
+def half_unit(decimals: int) -> float:
+    """Half the last stated digit: how far a value rounded to `decimals` may be from the truth."""
+    return 0.5 * 10.0**-decimals
+
+
+def rounds_to(stated: float, lo: float, hi: float, decimals: int) -> bool:
+    """Whether some exact value in [lo, hi] rounds to `stated` at `decimals` decimals.
+
+    A stated value with more decimals than it claims to have is never a rounding of anything.
+    Ties are accepted both ways (half-up and half-even disagree on them).
+    """
+    if abs(round(stated, decimals) - stated) > eps(stated):
+        return False
+    slack = half_unit(decimals) + eps(stated)
+    return lo <= stated + slack and hi >= stated - slack
+
+
+def ratio_interval(
+    num: float, num_decimals: int | None, den: float, den_decimals: int | None
+) -> tuple[float, float]:
+    """The range of num/den when both were rounded (None: exact); den's interval must stay positive."""
+    hn = 0.0 if num_decimals is None else half_unit(num_decimals)
+    hd = 0.0 if den_decimals is None else half_unit(den_decimals)
+    num_lo, num_hi = max(num - hn, 0.0), num + hn
+    den_lo, den_hi = den - hd, den + hd
+    return num_lo / den_hi, (num_hi / den_lo if den_lo > 0 else math.inf)
+
+
+def decimals_of(value: float) -> int:
+    """Decimals a figure was written with (for figures whose rounding the ledger does not state)."""
+    exponent = Decimal(repr(float(value))).normalize().as_tuple().exponent
+    return max(0, -int(exponent))
+
+
+def decimals_word(d: int) -> str:
+    """'1 decimal', '3 decimals': how audit messages name a rounding."""
+    return f"{d} decimal" if d == 1 else f"{d} decimals"
+
+
+# -- the figures of a point --------------------------------------------------------------------------
+def is_v3(point: Mapping[str, Any]) -> bool:
+    """Measured with protocol v3: its multipliers are ratios of means with bootstrap intervals."""
+    return point.get("protocol_version") == 3
+
+
+def throughput_centre(thr: Mapping[str, Any] | None, v3: bool) -> float | None:
+    """The output tokens/s a multiplier divides: for v3 the mean (of the repeats, the rawer figure, else
+    as stated: both within half a unit of the exact mean), else the median."""
+    thr = thr or {}
+    if not v3:
+        return thr.get("median")
+    return statistics.fmean(thr["repeats"]) if thr.get("repeats") else thr.get("mean")
+
+
+class Centres(tuple[float, float, str]):
+    """(speculative arm's centre, baseline's centre, 'mean' or 'median'): the two sides of a multiplier."""
+
+    __slots__ = ()
+
+    @property
+    def spec(self) -> float:
+        return self[0]
+
+    @property
+    def base(self) -> float:
+        return self[1]
+
+    @property
+    def statistic(self) -> str:
+        return self[2]
+
+
+def multiplier_centres(point: Mapping[str, Any], arm: str, base: str | None) -> Centres | None:
+    """The throughputs whose ratio is the arm's multiplier at this point, or None when one side is missing.
+
+    The baseline's centre may be zero or negative: callers that divide say why they cannot.
+    """
+    if base is None:
+        return None
+    v3 = is_v3(point)
+    spec = throughput_centre((point["arms"].get(arm) or {}).get("output_tokens_per_s"), v3)
+    baseline = throughput_centre((point["arms"].get(base) or {}).get("output_tokens_per_s"), v3)
+    if spec is None or baseline is None:
+        return None
+    return Centres((spec, baseline, "mean" if v3 else "median"))
+
+
+def multiplier_interval(
+    point: Mapping[str, Any], arm: str, base: str | None, decimals: int
+) -> tuple[float, float, Centres] | None:
+    """The exact multipliers the stored centres allow, each rounded to `decimals`: (low, high, centres).
+
+    None when a side is missing or the baseline's centre is not positive."""
+    centres = multiplier_centres(point, arm, base)
+    if centres is None or centres.base <= 0:
+        return None
+    low, high = ratio_interval(centres.spec, decimals, centres.base, decimals)
+    return low, high, centres
+
+
+def _base_of(ledger: Ledger, arm: str, against: Against) -> str | None:
+    return ledger.baseline_arm_for(arm) if against == "baseline" else ledger.matched_baseline_for(arm)
+
+
+def multiplier(ledger: Ledger, point: Mapping[str, Any], arm: str, against: Against = "baseline") -> float | None:
+    """The arm's multiplier at a point against its baseline (or its matched baseline): as stated, else
+    the ratio of the centres (means for v3, medians before), else None."""
+    result = point["arms"].get(arm)
+    if result is None:
+        return None
+    stored = result.get("multiplier" if against == "baseline" else "multiplier_vs_matched")
+    if stored is not None:
+        return stored
+    centres = multiplier_centres(point, arm, _base_of(ledger, arm, against))
+    if centres is None or not centres.base or centres.base <= 0:
+        return None
+    return centres.spec / centres.base
+
+
+def multiplier_bar(point: Mapping[str, Any], arm: str, base: str | None) -> tuple[float, float, str] | None:
+    """The multiplier's uncertainty as a bar: (low, high, what it is), or None when the ledger has none.
+
+    A protocol-v3 point states the multiplier's 95% CI (paired bootstrap, `specledger.stats`): that is
+    the bar. Older points: repeats are paired (same prompts, same repeat, interleaved), so when both arms
+    list their repeats the honest spread is min..max of the per-repeat ratios spec_r / base_r. Without
+    paired repeats it falls back to the spec arm's min..max over the baseline median, which ignores the
+    baseline's own noise (so it understates the spread).
+    """
+    if base is None:
+        return None
+    ci = (point["arms"].get(arm) or {}).get("multiplier_ci95")
+    if ci and ci[0] is not None and ci[1] is not None:
+        return float(ci[0]), float(ci[1]), CI_BAR
+    spec = (point["arms"].get(arm) or {}).get("output_tokens_per_s") or {}
+    baseline = (point["arms"].get(base) or {}).get("output_tokens_per_s") or {}
+    spec_repeats, base_repeats = spec.get("repeats") or [], baseline.get("repeats") or []
+    if spec_repeats and len(spec_repeats) == len(base_repeats) and all(b > 0 for b in base_repeats):
+        ratios = [s / b for s, b in zip(spec_repeats, base_repeats, strict=True)]
+        return min(ratios), max(ratios), "min..max of paired per-repeat ratios"
+    median = baseline.get("median")
+    if median and spec.get("min") is not None and spec.get("max") is not None:
+        return spec["min"] / median, spec["max"] / median, "spec min..max / baseline median"
+    return None
+
+
+def acceptance_length(accepted_tokens: int, drafts: int) -> float:
+    """Tokens a speculative step yields on average: the target's own token plus the accepted drafts per
+    draft (vLLM's counters are cumulative: pass the deltas of a point). `drafts` must be positive."""
+    return 1.0 + accepted_tokens / drafts
+
+
+def throughput_spread(arm_result: Mapping[str, Any] | None) -> float | None:
+    """(max - min) / median of an arm's throughput repeats: how much the repeats of a point disagree.
+
+    min and max as stated, else from the repeats; None without a median or a range."""
+    thr = (arm_result or {}).get("output_tokens_per_s") or {}
+    repeats = thr.get("repeats") or []
+    low = thr["min"] if thr.get("min") is not None else (min(repeats) if repeats else None)
+    high = thr["max"] if thr.get("max") is not None else (max(repeats) if repeats else None)
+    median = thr.get("median")
+    if low is None or high is None or not median:
+        return None
+    return (high - low) / median
