@@ -575,7 +575,7 @@ class _Audit:
             parts: Parts = ["claims", j]
             try:
                 lo, hi, how = self.claim_interval(claim)
-            except _Unresolved as e:
+            except _Unpinned as e:
                 self.add(parts, "claim", f"{claim['text']!r}: {e}")
                 continue
             decimals = claim["decimals"]
@@ -594,7 +594,7 @@ class _Audit:
             return claim["arm"]
         arms = self.ledger.speculative_arms()
         if len(arms) != 1:
-            raise _Unresolved(f"names no arm, and the ledger has {len(arms)} speculative arms")
+            raise _Unpinned(f"names no arm, and the ledger has {len(arms)} speculative arms")
         return arms[0]["name"]
 
     def claim_point(self, claim: dict[str, Any], arm: str) -> dict[str, Any]:
@@ -610,7 +610,7 @@ class _Audit:
             )
         ]
         if len(matches) != 1:
-            raise _Unresolved(
+            raise _Unpinned(
                 f"matches {len(matches)} points for arm {arm!r}; name workload, temperature, concurrency"
             )
         return matches[0]
@@ -624,7 +624,7 @@ class _Audit:
             if metric == "kv_cache_change":
                 found = self.kv_change_interval(arm_data, context)
                 if found is None:
-                    raise _Unresolved(
+                    raise _Unpinned(
                         f"arm {arm!r} and its baseline have no KV tokens or sessions at a shared context"
                     )
                 return found
@@ -632,7 +632,7 @@ class _Audit:
                 s for s in arm_data.get("sessions") or [] if context is None or s["context_tokens"] == context
             ]
             if len(entries) != 1:
-                raise _Unresolved(f"arm {arm!r} has {len(entries)} sessions entries at context {context}")
+                raise _Unpinned(f"arm {arm!r} has {len(entries)} sessions entries at context {context}")
             tokens = (arm_data.get("kv_cache") or {}).get("tokens")
             ctx = entries[0]["context_tokens"]
             if tokens is not None:
@@ -651,7 +651,7 @@ class _Audit:
                 return lo, hi, f"{spec:.{d}f}/{base_centre:.{d}f} = {spec / base_centre:.3f}"
             if "multiplier" in result:
                 return self.stated_interval(result["multiplier"], rounding["multiplier"], "multiplier")
-            raise _Unresolved(f"point has neither medians nor a multiplier for arm {arm!r}")
+            raise _Unpinned(f"point has neither medians nor a multiplier for arm {arm!r}")
         if metric == "acceptance_length":
             acc = result.get("acceptance", {})
             if acc.get("drafts") and acc.get("accepted_tokens") is not None:
@@ -661,10 +661,10 @@ class _Audit:
                 return self.stated_interval(
                     acc["acceptance_length"], rounding["acceptance_length"], "acceptance length"
                 )
-            raise _Unresolved(f"point has no acceptance length for arm {arm!r}")
+            raise _Unpinned(f"point has no acceptance length for arm {arm!r}")
         median = result.get("output_tokens_per_s", {}).get("median")
         if median is None:
-            raise _Unresolved(f"point has no output tokens/s for arm {arm!r}")
+            raise _Unpinned(f"point has no output tokens/s for arm {arm!r}")
         return self.stated_interval(median, rounding["output_tokens_per_s"], "median output tokens/s")
 
     @staticmethod
@@ -804,7 +804,7 @@ class _Audit:
         return self.findings
 
 
-class _Unresolved(Exception):
+class _Unpinned(Exception):
     """A claim or crossing names something the ledger does not pin down."""
 
 

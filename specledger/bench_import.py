@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from specledger import figures
+from specledger.errors import SpecledgerError
 from specledger.schema import DEFAULT_ROUNDING, SCHEMA_VERSION, LedgerError, load_json_safely
 
 __all__ = ["IMPORT_PREFIX", "BenchImportError", "BenchRun", "import_bench", "load_bench_result"]
@@ -87,7 +88,7 @@ _METADATA_COUNT = re.compile(r"\d+", re.ASCII)
 _REL = 1e-6
 
 
-class BenchImportError(ValueError):
+class BenchImportError(SpecledgerError, ValueError):
     """The result files cannot become one ledger; carries every problem, each naming its file."""
 
     def __init__(self, problems: Sequence[str]) -> None:

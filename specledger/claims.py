@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from specledger import figures, theory
+from specledger.errors import SpecledgerError
 from specledger.figures import decimals_of, decimals_word, rounds_to
 from specledger.schema import (
     Ledger,
@@ -441,7 +442,7 @@ def scan_markdown(text: str, file: str) -> Scan:
 # --------------------------------------------------------------------------------------------
 
 
-class Unresolved(Exception):
+class Unresolved(SpecledgerError):
     """A claim names something the ledgers do not have (ledger, arm, point, figure)."""
 
 

@@ -27,6 +27,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from specledger.errors import SpecledgerError
+
 #: Engine arguments whose value in the ledger is a path relative to the checkout or an
 #: ``embedded:`` model reference, resolved by ``specledger.models`` before the engine starts.
 MODEL_ARGS = ("model", "tokenizer")
@@ -42,7 +44,7 @@ SPEC_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 _LIVE: set[ArmEngine] = set()
 
 
-class EngineStartError(RuntimeError):
+class EngineStartError(SpecledgerError, RuntimeError):
     """An arm's engine could not start; carries the worker's traceback."""
 
 

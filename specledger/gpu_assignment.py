@@ -24,8 +24,10 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequenc
 from dataclasses import dataclass
 from typing import Any
 
+from specledger.errors import SpecledgerError
 
-class AssignmentError(ValueError):
+
+class AssignmentError(SpecledgerError, ValueError):
     """The workers cannot each get their own GPUs and cores (the message says why and what to change)."""
 
 

@@ -24,6 +24,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from specledger.errors import SpecledgerError
+
 #: ITL samples kept per window (systematic subsample): percentiles need no more, and the
 #: result crosses a process pipe.
 MAX_ITL_SAMPLES = 5000
@@ -53,7 +55,7 @@ class RequestTrace:
 Submit = Callable[[int, RequestTrace], Awaitable[None]]
 
 
-class RampTimeout(RuntimeError):
+class RampTimeout(SpecledgerError, RuntimeError):
     """Not every user finished a first request in time: the window never opened."""
 
 

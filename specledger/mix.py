@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import pandas as pd
 
 from specledger import theory
+from specledger.errors import SpecledgerError
 from specledger.report import points_table
 from specledger.schema import Ledger
 
@@ -36,7 +37,7 @@ __all__ = [
 WEIGHT_SUM_TOLERANCE = 1e-6
 
 
-class MixError(ValueError):
+class MixError(SpecledgerError, ValueError):
     """Weights or a mix request that cannot mean anything (the CLI turns this into exit 2)."""
 
 

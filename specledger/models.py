@@ -38,6 +38,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specledger.errors import SpecledgerError
+
 if TYPE_CHECKING:
     from gguf import GGUFReader
     from tokenizers.normalizers import Normalizer
@@ -69,7 +71,7 @@ MARKER_FILE = "specledger-build.json"
 _LOCK_TIMEOUT_S = 1800.0
 
 
-class EmbeddedModelError(RuntimeError):
+class EmbeddedModelError(SpecledgerError, RuntimeError):
     """An embedded model could not be found, fetched or built (the message says what was tried)."""
 
 

@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
 from specledger import figures, theory
+from specledger.errors import SpecledgerError
 from specledger.report import critical_table, points_table
 from specledger.schema import Ledger
 
@@ -51,7 +52,7 @@ _ROLE_COLORS = {"baseline": "black", "matched-baseline": "tab:gray"}
 _ROLE_LINESTYLES = {"matched-baseline": "--"}
 
 
-class NothingToPlot(ValueError):
+class NothingToPlot(SpecledgerError, ValueError):
     """A plot was asked for but the ledger has no figure it could draw (e.g. a planned ledger)."""
 
 

@@ -29,6 +29,8 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
+from specledger.errors import SpecledgerError
+
 __all__ = [
     "DEFAULT_PROTOCOL",
     "DEFAULT_ROUNDING",
@@ -170,7 +172,7 @@ class Problem:
         return f"{self.file}: {self.json_path}: {self.message}"
 
 
-class LedgerError(ValueError):
+class LedgerError(SpecledgerError, ValueError):
     """A ledger failed to load; carries every problem found, not only the first."""
 
     def __init__(self, problems: Sequence[Problem]) -> None:

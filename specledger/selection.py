@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specledger.errors import SpecledgerError
 from specledger.schema import Ledger, iter_ledger_paths
 
 __all__ = ["LedgerPoint", "PointSelector", "SelectionError", "ledger_paths", "parse_endpoints",
@@ -21,7 +22,7 @@ __all__ = ["LedgerPoint", "PointSelector", "SelectionError", "ledger_paths", "pa
 PointSelector = tuple[str, float | None, int | None]
 
 
-class SelectionError(ValueError):
+class SelectionError(SpecledgerError, ValueError):
     """A `--ledger-points` or `--ledger-endpoint` value that does not parse; the message quotes it."""
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from specledger.counters import REQUEST_TIMERS
+from specledger.errors import SpecledgerError
 
 __all__ = [
     "COUNTER_FAMILIES",
@@ -43,7 +44,7 @@ COUNTER_FAMILIES = {
 PER_POSITION_FAMILY = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
-class EndpointError(RuntimeError):
+class EndpointError(SpecledgerError, RuntimeError):
     """A server cannot be used: unreachable, not vLLM, no spec metrics, a different model. Names what failed."""
 
 

@@ -36,6 +36,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from specledger.errors import SpecledgerError
+
 __all__ = [
     "CPU_ARGS",
     "CPU_ENV",
@@ -87,7 +89,7 @@ _LIVE: set[VLLMServer] = set()
 _PR_SET_PDEATHSIG = 1
 
 
-class ServerStartError(RuntimeError):
+class ServerStartError(SpecledgerError, RuntimeError):
     """The server exited or did not become healthy in time; the message ends with its last log lines."""
 
 

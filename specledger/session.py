@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specledger import compare, engines, fingerprint, measure
+from specledger.errors import SpecledgerError
 from specledger.report import config_differences
 from specledger.schema import SCHEMA_VERSION, Ledger, remove_stale_temporaries, write_ledger
 from specledger.selection import point_label
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 Progress = Callable[[str], None]
 
 
-class BusyMachine(RuntimeError):
+class BusyMachine(SpecledgerError, RuntimeError):
     """Recording refused: other processes are using the CPU, and their load would land in the figures."""
 
 

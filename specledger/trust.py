@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from specledger.errors import SpecledgerError
 from specledger.schema import Problem, json_path
 
 __all__ = ["ENGINE_ARGS", "ENV", "SPECULATIVE_CONFIG", "UntrustedLedger", "untrusted_settings", "check"]
@@ -39,7 +40,7 @@ ENGINE_ARGS = frozenset({
 SPECULATIVE_CONFIG = frozenset({
     "method", "model", "num_speculative_tokens", "num_speculative_tokens_per_batch_size", "prompt_lookup_min",
     "prompt_lookup_max", "draft_tensor_parallel_size", "disable_padded_drafter_batch", "quantization",
-    "max_model_len", "revision", "code_revision",
+    "max_model_len", "revision", "code_revision", "draft_sample_method",
 })
 #: Environment variables an arm may set: engine selection and CPU-engine sizing.
 ENV = frozenset({
@@ -48,7 +49,7 @@ ENV = frozenset({
 })
 
 
-class UntrustedLedger(ValueError):
+class UntrustedLedger(SpecledgerError, ValueError):
     """The ledger carries engine settings outside the allowlist; nothing was started."""
 
     def __init__(self, problems: list[Problem]) -> None:

@@ -22,13 +22,14 @@ from statistics import median
 from typing import Any
 
 from specledger import counters, server_metrics
+from specledger.errors import SpecledgerError
 from specledger.schema import Ledger
 from specledger.server_metrics import EndpointError
 
 __all__ = ["Drift", "Expected", "SlidingWindow", "Verdict", "expected_acceptance", "judge", "watch"]
 
 
-class Drift(Exception):
+class Drift(SpecledgerError):
     """Acceptance left the ledger's tolerance; the message says what, by how much, over which window."""
 
 

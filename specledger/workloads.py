@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from specledger.errors import SpecledgerError
+
 T = TypeVar("T")
 
 __all__ = [
@@ -32,7 +34,7 @@ WORKLOAD_DIR: Path = Path(__file__).resolve().parent.parent / "fixtures" / "work
 _FIELDS: frozenset[str] = frozenset({"id", "kind", "prompt"})
 
 
-class WorkloadError(ValueError):
+class WorkloadError(SpecledgerError, ValueError):
     """A workload file is malformed; the message names the file and line so it can be fixed."""
 
 
