@@ -68,6 +68,8 @@ class SuiteSession:
         self._stored: set[tuple[str, tuple[str, float, int]]] = set()
         self._targets: dict[Path, Path] = {}
         self._engine_starts_s: dict[str, float] = {}
+        self._open_specs: tuple[str, list[engines.ArmSpec]] | None = None  # (ledger id, its arms) of open engines
+        self._shared_with: dict[str, str] = {}  # ledger id -> the ledger whose engines it measured on
 
     # -- engines -----------------------------------------------------------------------------------------
     def arms_for(self, ledger: Ledger) -> dict[str, Any]:
@@ -80,9 +82,6 @@ class SuiteSession:
             raise RuntimeError(f"{ledger.id}: engines failed to start earlier in this session") \
                 from self._failed_start[ledger.id]
         if ledger.id not in self._arms:
-            # One ledger's engines at a time: idle vLLM engines still take CPU (the CPU
-            # engine's workers spin), which would skew the next ledger's measurements.
-            self.close()
             from specledger import trust
             from specledger.models import resolve_model
 
@@ -96,14 +95,21 @@ class SuiteSession:
             model = resolve_model(ledger.data["target"]["model"])
             t0 = time.monotonic()
             self._model_build_s[ledger.id] = t0 - t_model
+            specs = None if self.http is not None else \
+                engines.arm_specs(ledger.data, model, source=str(ledger.path), trusted=self.trusted)
+            if specs is not None and self._open_specs is not None and self._open_specs[1] == specs:
+                return self._share_engines(ledger, self._open_specs[0])
+            # One ledger's engines at a time: idle vLLM engines still take CPU (the CPU
+            # engine's workers spin), which would skew the next ledger's measurements.
+            self.close()
             failures: dict[str, BaseException] = {}
             try:
-                if self.http is not None:
+                if specs is None:
                     arms = self.http.open(ledger, model, self.progress)
                 else:
-                    specs = engines.arm_specs(ledger.data, model, source=str(ledger.path), trusted=self.trusted)
                     started = engines.start_arms(specs, progress=self.progress, failures=failures)
                     arms = {arm.spec.name: arm for arm in started}
+                    self._open_specs = (ledger.id, specs)
             except BaseException as exc:
                 self._failed_start[ledger.id] = exc
                 raise
@@ -115,6 +121,18 @@ class SuiteSession:
             diffs = config_differences({n: i["effective_config"] for n, i in self._infos[ledger.id].items()})
             for key, values in diffs.items():
                 self.progress(f"{ledger.id}: arms differ in {key}: {values}")
+        return self._arms[ledger.id]
+
+    def _share_engines(self, ledger: Ledger, owner: str) -> dict[str, Any]:
+        """Measure `ledger` on the engines `owner` started: its arms are the same engines (same model, engine
+        arguments and environment, arm for arm), so a second start would cost GPU seconds and buy nothing.
+        Its KV cache and effective config are those engines'; its provenance names the owner."""
+        self._arms[ledger.id] = self._arms[owner]
+        self._infos[ledger.id] = self._infos[owner]
+        self._failed_arms[ledger.id] = self._failed_arms.get(owner, {})
+        self._engine_starts_s[ledger.id] = 0.0
+        self._shared_with[ledger.id] = owner
+        self.progress(f"{ledger.id}: measured on the engines of {owner} (the same arms: no second start)")
         return self._arms[ledger.id]
 
     def arm_failure(self, ledger: Ledger, arm: str) -> BaseException | None:
@@ -274,15 +292,18 @@ class SuiteSession:
         walls = [m.wall_s for (lid, _), m in self._cache.items() if lid == ledger_id]
         builds = {name: round(seconds, 1) for name, info in self._infos.get(ledger_id, {}).items()
                   if (seconds := engines.build_seconds(info)) is not None}
+        shared_with = self._shared_with.get(ledger_id)
         out: dict[str, Any] = {
             "model_build": round(self._model_build_s.get(ledger_id, 0.0), 1),
             "engine_starts": round(self._engine_starts_s.get(ledger_id, 0.0), 1),
-            "engine_builds": builds,
+            "engine_builds": {} if shared_with else builds,  # the owner's provenance counts them
             "measurement": round(sum(walls), 1),
             "points": len(walls),
             "per_point": round(sum(walls) / len(walls), 1) if walls else None,
             "session": round(time.monotonic() - self._started, 1),
         }
+        if shared_with:
+            out["engines_shared_with"] = shared_with
         staging = os.environ.get("SPECLEDGER_STAGING_S")
         if staging:
             try:
@@ -361,7 +382,11 @@ class SuiteSession:
         return format_table(pd.DataFrame(rows))
 
     def close(self) -> None:
+        closed: set[int] = set()
         for arms in self._arms.values():
             for arm in arms.values():
-                arm.close()
+                if id(arm) not in closed:  # ledgers that shared engines hold the same ones
+                    closed.add(id(arm))
+                    arm.close()
         self._arms.clear()
+        self._open_specs = None

@@ -425,8 +425,8 @@ def test_ci_bounds_and_means_of_v3_points_are_claims(tmp_path):
         "b <!-- claim: h200-smollm2-copy ngram copy T=0 c=1 multiplier_vs_matched.high = 1.367 -->\n"
         "c <!-- claim: h200-smollm2-copy baseline copy T=0 c=1 output_tokens_per_s.mean = 439.5 -->\n"
         "d <!-- claim: h200-smollm2-copy ngram copy T=0 c=1 multiplier.high = 1.2 -->\n"
-        "e <!-- claim: h200-smollm2-free-form ngram free-form T=0 c=1 multiplier.low = 0.2 -->\n")
-    ledgers = LedgerSet.load([ROOT / "ledgers"])
+        "e <!-- claim: h200-smollm2-free-form-burst ngram free-form T=0 c=1 multiplier.low = 0.2 -->\n")
+    ledgers = LedgerSet.load([ROOT / "ledgers", ROOT / "tests" / "data" / "h200-smollm2-free-form-burst.json"])
     audit = audit_report(report, ledgers)
     statuses = [v.status for v in audit.verdicts]
     assert statuses == ["holds", "holds", "holds", "fails", "unresolved"], [v.reason for v in audit.verdicts]

@@ -140,3 +140,39 @@ def test_a_window_streams_token_times_and_times_its_requests_inside_the_engine()
         assert times["end_to_end"] <= res["request_latency_median_s"] * 1.5  # the client saw what the engine did
     # the same prompts at T=0 give the same tokens in both windows (what the lossless check relies on)
     assert runs[0]["outputs"]["0"] == runs[1]["outputs"]["0"] and len(runs[0]["outputs"]["0"]) > 0
+
+
+def test_ledgers_with_the_same_arms_share_one_start_and_others_get_their_own(tmp_path):
+    """Two ledgers whose arms are the same engines (model, engine arguments, environment) are measured on one
+    start: a second one costs GPU seconds and buys nothing. A ledger with other arms gets its own engines, and
+    the shared ones close first, so idle engines never run beside measured ones."""
+    import copy
+    import json
+
+    from specledger.migrate import replan_data
+    from specledger.schema import parse_ledger
+    from specledger.session import SuiteSession
+
+    data = replan_data(json.loads((ROOT / "ledgers" / "cpu-smollm2.json").read_text()))
+    data["arms"] = [arm for arm in data["arms"] if arm["role"] == "baseline"]
+    data["target"]["max_model_len"] = 512
+    other = copy.deepcopy(data)
+    other["id"], other["engine_args"]["max_num_seqs"] = "other-arms", 2
+    same = copy.deepcopy(data)
+    same["id"] = "same-arms"
+    first, twin, different = (parse_ledger(json.dumps(d), str(tmp_path / f"{d['id']}.json"))
+                              for d in (data, same, other))
+    lines: list[str] = []
+    session = SuiteSession(root=ROOT, record=False, progress=lines.append)
+    try:
+        arms = session.arms_for(first)
+        assert session.arms_for(twin)["baseline"] is arms["baseline"]
+        assert session.time_breakdown(twin.id)["engines_shared_with"] == first.id
+        assert session.time_breakdown(twin.id)["engine_starts"] == 0.0
+        assert session.time_breakdown(first.id)["engine_builds"]["baseline"] > 0
+        assert sum("starting arm baseline" in line for line in lines) == 1
+        fresh = session.arms_for(different)["baseline"]
+        assert fresh is not arms["baseline"] and not arms["baseline"].alive and fresh.alive
+        assert sum("starting arm baseline" in line for line in lines) == 2
+    finally:
+        session.close()
