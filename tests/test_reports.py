@@ -15,7 +15,8 @@ SUMMARY = re.compile(r"^(\d+) claims: (\d+) hold, (\d+) fail, (\d+) unresolved; 
 def test_reports_hold_against_the_ledgers(capsys):
     assert REPORTS, "no reports/*.md to audit"
     # The burst-protocol figures are test data now; findings.md still quotes them, audited.
-    bursts = [str(ROOT / "tests" / "data" / f"h200-smollm2-{workload}-burst.json") for workload in ("copy", "free-form")]
+    bursts = [str(ROOT / "tests" / "data" / f"h200-smollm2-{workload}-burst.json")
+              for workload in ("copy", "free-form")]
     code = main(["audit-report", *map(str, REPORTS), "--ledgers", str(ROOT / "ledgers"),
                  *(arg for burst in bursts for arg in ("--ledgers", burst)), "--strict"])
     out = capsys.readouterr().out
