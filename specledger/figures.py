@@ -15,7 +15,7 @@ import math
 import statistics
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 if TYPE_CHECKING:
     from specledger.schema import Ledger
@@ -105,22 +105,12 @@ def throughput_centre(thr: Mapping[str, Any] | None, v3: bool) -> float | None:
     return statistics.fmean(thr["repeats"]) if thr.get("repeats") else thr.get("mean")
 
 
-class Centres(tuple[float, float, str]):
-    """(speculative arm's centre, baseline's centre, 'mean' or 'median'): the two sides of a multiplier."""
+class Centres(NamedTuple):
+    """The two sides of a multiplier: the speculative arm's and the baseline's output tokens/s."""
 
-    __slots__ = ()
-
-    @property
-    def spec(self) -> float:
-        return self[0]
-
-    @property
-    def base(self) -> float:
-        return self[1]
-
-    @property
-    def statistic(self) -> str:
-        return self[2]
+    spec: float
+    base: float
+    statistic: str  # "mean" (protocol v3) or "median"
 
 
 def multiplier_centres(point: Mapping[str, Any], arm: str, base: str | None) -> Centres | None:
@@ -135,7 +125,7 @@ def multiplier_centres(point: Mapping[str, Any], arm: str, base: str | None) -> 
     baseline = throughput_centre((point["arms"].get(base) or {}).get("output_tokens_per_s"), v3)
     if spec is None or baseline is None:
         return None
-    return Centres((spec, baseline, "mean" if v3 else "median"))
+    return Centres(spec, baseline, "mean" if v3 else "median")
 
 
 def multiplier_interval(
