@@ -36,13 +36,13 @@ def main(argv: list[str]) -> int:
     t0 = time.monotonic()
     model = resolve_model(ledger.data["target"]["model"])
     model_s = time.monotonic() - t0
-    report: dict[str, object] = {"ledger": ledger.id, "model_build_s": round(model_s, 1), "arms": {}}
+    started_arms: dict[str, dict[str, object]] = {}
     for spec in engines.arm_specs(ledger.data, model, arms, source=str(ledger.path)):
         started = time.monotonic()
         (arm,) = engines.start_arms([spec], progress=lambda m: print(f"[warm-cache] {m}", flush=True))
         try:
             build_s = engines.build_seconds(arm.info)
-            report["arms"][spec.name] = {  # type: ignore[index]
+            started_arms[spec.name] = {
                 "start_s": round(time.monotonic() - started, 1),
                 "engine_build_s": None if build_s is None else round(build_s, 1),
                 "kv_cache": arm.info.get("kv_cache"),
@@ -50,11 +50,12 @@ def main(argv: list[str]) -> int:
             }
         finally:
             arm.close()
-    report["flashinfer_modules_before"] = before
-    report["flashinfer_modules_built"] = sorted(set(_flashinfer_modules(flashinfer)) - set(before))
+    built = sorted(set(_flashinfer_modules(flashinfer)) - set(before))
+    report = {"ledger": ledger.id, "model_build_s": round(model_s, 1), "arms": started_arms,
+              "flashinfer_modules_before": before, "flashinfer_modules_built": built}
     (out / "warm-cache.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "arms"}, indent=1))
-    for name, arm_report in report["arms"].items():  # type: ignore[union-attr]
+    for name, arm_report in started_arms.items():
         print(f"[warm-cache] {name}: start {arm_report['start_s']} s, build {arm_report['engine_build_s']} s")
     return 0
 

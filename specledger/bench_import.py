@@ -470,10 +470,11 @@ def _acceptance(run: BenchRun, problems: list[str]) -> dict[str, Any] | None:
             f"{run.file}: spec_decode_acceptance_rate {rate_pct!r} is not accepted/draft_tokens in percent "
             f"({accepted}/{draft_tokens} x 100 = {100.0 * accepted / draft_tokens:.4f})"
         )
-    if not _close(length, figures.acceptance_length(accepted, drafts)):
+    exact_length = figures.acceptance_length(accepted, drafts)
+    if not _close(length, exact_length):
         problems.append(
             f"{run.file}: spec_decode_acceptance_length {length!r} is not 1 + accepted/drafts "
-            f"(1 + {accepted}/{drafts} = {figures.acceptance_length(accepted, drafts):.4f})"
+            f"(1 + {accepted}/{drafts} = {exact_length:.4f})"
         )
     counts = [v * drafts for v in per_pos]
     whole = all(abs(c - round(c)) < 1e-6 for c in counts)

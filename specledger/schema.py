@@ -87,6 +87,7 @@ DEFAULT_PROTOCOL: dict[str, Any] = {
     },
 }
 
+
 def protocol_over_defaults(own: Mapping[str, Any] | None) -> dict[str, Any]:
     """A protocol's settings over DEFAULT_PROTOCOL, section by section (sub-dicts merged, so a ledger or
     a plan can state one knob); a new dict. The schema forbids sections it does not know."""
