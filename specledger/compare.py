@@ -5,8 +5,10 @@ as Criterion.rs decides regressions: the 95% CI of the change against the commit
 lies inside the tolerance band (holds), wholly outside it (changed: the test fails and names
 the direction), or across its edge (inconclusive: more repeats first, then a distinct outcome).
 They are comparable only where the machine fingerprint and the protocol version match the
-recording's; elsewhere they are shown, never asserted. Acceptance length does not depend on
-speed, so it is asserted everywhere, absolutely (tokens per step; at T=0 nearly deterministic).
+recording's; elsewhere they are shown, never asserted. Acceptance length is asserted everywhere,
+absolutely (tokens per step), where both figures count the same tokens: from an acceptance pass
+(every prompt once, to its end) it does not depend on speed, and at T=0 is nearly deterministic.
+From windows (ledgers recorded before the pass) it covers what each window's time allowed.
 """
 
 from __future__ import annotations
@@ -150,9 +152,13 @@ def compare_point(ledger: Ledger, arm: str, committed: Mapping[str, Any], measur
         absl = float(tol["acceptance_length_abs"])
         c = float(c_acc["acceptance_length"])
         m = m_acc.get("acceptance_length")
+        other_tokens = acceptance_sources_differ(c_acc, m_acc)
         if m is None:
             result.checks.append(Check("acceptance_length", c, float("nan"), c - absl, c + absl,
                                        "no drafts were counted in the measurement"))
+        elif other_tokens:
+            result.notes.append(f"acceptance_length: measured {float(m):.3f}, committed {c:.3f}; not asserted: "
+                                f"{other_tokens}")
         else:
             result.checks.append(Check("acceptance_length", c, float(m), c - absl, c + absl, f"±{absl:g}"))
     if ledger.arm(arm)["role"] == "policy":
@@ -177,6 +183,21 @@ def compare_point(ledger: Ledger, arm: str, committed: Mapping[str, Any], measur
         if parts:
             result.notes.append(f"{label}: " + ", ".join(parts))
     return result
+
+
+def acceptance_sources_differ(committed: Mapping[str, Any], measured: Mapping[str, Any]) -> str | None:
+    """Why two acceptance figures count different tokens (so a bar between them means nothing), or None.
+
+    From a pass, both count the same requests; from windows, whatever each window's time covered
+    (absent ``from``: windows, as every ledger recorded before the pass).
+    """
+    c_from, m_from = committed.get("from", "windows"), measured.get("from", "windows")
+    if c_from != m_from:
+        return f"committed from the {c_from}, measured from the {m_from}: re-record the point to compare them"
+    if c_from == "pass" and committed.get("requests") != measured.get("requests"):
+        return (f"the committed pass covered {committed.get('requests')} prompts, this one "
+                f"{measured.get('requests')}")
+    return None
 
 
 def engine_spread(arm_result: Mapping[str, Any]) -> float | None:

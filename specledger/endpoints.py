@@ -127,6 +127,14 @@ class HTTPArm:
     def run(self, *, prompts: list[str], concurrency: int, sampling: Mapping[str, Any], window_s: float,
             first_index: int = 0) -> dict[str, Any]:
         """One steady-state window over streaming completions; counters and request timers are /metrics deltas."""
+        return self._measured(prompts, concurrency, sampling, window_s, first_index)
+
+    def prompt_pass(self, *, prompts: list[str], concurrency: int, sampling: Mapping[str, Any]) -> dict[str, Any]:
+        """Every prompt once, each to its end (``load.prompt_pass``); counters are /metrics deltas."""
+        return self._measured(prompts, concurrency, sampling, None, 0)
+
+    def _measured(self, prompts: list[str], concurrency: int, sampling: Mapping[str, Any], window_s: float | None,
+                  first_index: int) -> dict[str, Any]:
         from specledger.engines import chat_token_ids  # no vLLM import at module level there
 
         token_ids = [chat_token_ids(self.tokenizer, p) for p in prompts]
@@ -138,7 +146,8 @@ class HTTPArm:
         return result
 
     async def _window(self, token_ids: list[list[int]], concurrency: int, sampling: Mapping[str, Any],
-                      window_s: float, first_index: int) -> dict[str, Any]:
+                      window_s: float | None, first_index: int) -> dict[str, Any]:
+        """One window, or with ``window_s`` None one prompt pass."""
         import aiohttp
 
         seed = sampling.get("seed")
@@ -163,6 +172,9 @@ class HTTPArm:
                     body["seed"] = int(seed) + i
                 await _stream_completion(http, url, body, trace)
 
+            if window_s is None:
+                return await load.prompt_pass(submit, concurrency=concurrency, n_prompts=len(token_ids),
+                                              timeout_s=self.timeout_s)
             return await load.steady_window(submit, concurrency=concurrency, window_s=window_s,
                                             first_index=first_index, n_prompts=len(token_ids))
 

@@ -174,6 +174,12 @@ class ArmEngine:
         return self._call({"cmd": "run", "prompts": prompts, "concurrency": concurrency, "window_s": window_s,
                            "first_index": first_index, "sampling": dict(sampling)}, timeout_s + window_s)["result"]
 
+    def prompt_pass(self, *, prompts: list[str], concurrency: int, sampling: Mapping[str, Any],
+                    timeout_s: float = 1800.0) -> dict[str, Any]:
+        """Every prompt once, each to its end (``load.prompt_pass``), with the counters read around it."""
+        return self._call({"cmd": "run", "prompts": prompts, "concurrency": concurrency, "window_s": None,
+                           "sampling": dict(sampling), "timeout_s": timeout_s}, timeout_s + 60)["result"]
+
     def counters(self) -> dict[str, Any]:
         """The cumulative spec-decode counters of this arm's process (for tests of the delta logic)."""
         return self._call({"cmd": "counters"}, 60)["counters"]
@@ -334,7 +340,8 @@ def _worker_main(conn: Any, spec: ArmSpec, parent_pid: int) -> None:
 
 
 async def _run(engine: Any, tokenizer: Any, message: Mapping[str, Any]) -> dict[str, Any]:
-    """One steady-state window, with the counters and request timers read as deltas around it."""
+    """One steady-state window (or, with ``window_s`` None, one prompt pass), with the counters and
+    request timers read as deltas around it."""
     import asyncio
 
     from vllm import SamplingParams
@@ -363,9 +370,13 @@ async def _run(engine: Any, tokenizer: Any, message: Mapping[str, Any]) -> dict[
             trace.add(len(new), new)
 
     before, timers_before = read_metrics()
-    result = await load.steady_window(submit, concurrency=int(message["concurrency"]),
-                                      window_s=float(message["window_s"]),
-                                      first_index=int(message.get("first_index", 0)), n_prompts=len(token_ids))
+    if message["window_s"] is None:
+        result = await load.prompt_pass(submit, concurrency=int(message["concurrency"]), n_prompts=len(token_ids),
+                                        timeout_s=float(message.get("timeout_s", 1800.0)))
+    else:
+        result = await load.steady_window(submit, concurrency=int(message["concurrency"]),
+                                          window_s=float(message["window_s"]),
+                                          first_index=int(message.get("first_index", 0)), n_prompts=len(token_ids))
     # Stats of the last engine step (and of the aborts) are recorded just after its outputs are handed out.
     await asyncio.sleep(0.2)
     after, timers_after = read_metrics()

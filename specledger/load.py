@@ -101,6 +101,55 @@ async def steady_window(submit: Submit, *, concurrency: int, window_s: float, fi
                      n_prompts=n_prompts)
 
 
+class PassTimeout(SpecledgerError, RuntimeError):
+    """A prompt pass did not finish every prompt in time."""
+
+
+async def prompt_pass(submit: Submit, *, concurrency: int, n_prompts: int,
+                      timeout_s: float = 1800.0) -> dict[str, Any]:
+    """Every prompt once, ``concurrency`` users in flight, each request to its end: a count-sized run.
+
+    Why, beside the windows: a window is time-sized, so which prompts it covers, and where it cuts
+    the last one, move with the engine's speed. At c=1 a window sees the first few prompts only, and
+    a slower machine sees fewer, so a figure that belongs to the tokens (the acceptance length)
+    would move with speed. A pass sends the same requests, with the same seeds, on any machine and
+    at any speed. Index i is prompt i (its seed is seed + i), as in a window's first round.
+    """
+    if concurrency < 1 or n_prompts < 1:
+        raise ValueError("prompt_pass needs concurrency >= 1 and n_prompts >= 1")
+    traces: list[RequestTrace] = []
+    indices = iter(range(n_prompts))
+
+    async def user(u: int) -> None:
+        for i in indices:  # one shared iterator: each index is taken by exactly one user
+            trace = RequestTrace(i, u, time.perf_counter())
+            traces.append(trace)
+            await submit(i, trace)
+            trace.done_at = time.perf_counter()
+
+    t_start = time.perf_counter()
+    users = [asyncio.create_task(user(u)) for u in range(min(concurrency, n_prompts))]
+    try:
+        await _wait_or_raise(users, None, timeout_s)
+        if not all(task.done() for task in users):
+            raise PassTimeout(f"a pass over {n_prompts} prompts at concurrency {concurrency} did not end "
+                              f"within {timeout_s:.0f} s ({sum(t.done_at is not None for t in traces)} done)")
+    finally:
+        for task in users:
+            task.cancel()
+        await asyncio.gather(*users, return_exceptions=True)
+    seconds = time.perf_counter() - t_start
+    latencies = [tr.done_at - tr.sent_at for tr in traces if tr.done_at is not None]
+    return {
+        "concurrency": concurrency,
+        "requests": len(traces),
+        "seconds": seconds,
+        "output_tokens": sum(sum(tr.token_counts) for tr in traces),
+        "request_latency_median_s": statistics.median(latencies) if latencies else None,
+        "outputs": {str(tr.index): list(tr.output) for tr in sorted(traces, key=lambda tr: tr.index)},
+    }
+
+
 async def _wait_or_raise(users: list[asyncio.Task], opener: asyncio.Task | None, timeout_s: float) -> None:
     """Wait for ``opener`` (or the timeout); a user that fails ends the run with its error."""
     waiting = [*users, *([opener] if opener else [])]

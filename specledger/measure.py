@@ -14,7 +14,8 @@ own (``"each arm"``): then a slow control arm (a draft model at 0.3x) no longer 
 fast arms' windows (on the H200's four-arm SmolLM2 ledger, 2.5 s windows instead of 3.1-5.6 s for
 three of the four arms: about a third fewer GPU seconds per repeat). Repeats start at
 ``repeats.min`` and a caller's ``more`` rule (an inconclusive verdict, a recording whose CI is
-still wide) adds pairs up to ``repeats.max``.
+still wide) adds pairs up to ``repeats.max``. Acceptance comes from one count-sized pass per
+drafting arm (``acceptance_passes``), not from the time-sized windows.
 """
 
 from __future__ import annotations
@@ -135,6 +136,36 @@ def first_index(repeat: int, concurrency: int, n_prompts: int, mode: str = "same
 
 MoreRule = Callable[[dict[str, Any], int], bool]
 
+#: Where a point's acceptance figures come from (protocol.acceptance.from): "pass", one pass over the
+#: workload's prompts; "windows", the timed repeats (every v3 ledger recorded before the pass existed).
+ACCEPTANCE_SOURCES = ("pass", "windows")
+
+
+def acceptance_passes(ledger: Ledger, arms: Mapping[str, Any], prompts: list[str], concurrency: int,
+                      sampling: Mapping[str, Any], protocol: Mapping[str, Any], progress: Progress = _noop,
+                      *, label: str = "") -> dict[str, dict[str, Any]]:
+    """One prompt pass per drafting arm at this concurrency, whose counters give the acceptance figures.
+
+    Why: a window covers the prompts its time allows, so its acceptance length moved with speed (a
+    record and a verify of one CPU point, same machine, disagreed by more than 0.1) and, at c=1, came
+    from the first few prompts only. A pass covers ``protocol.acceptance.prompts`` prompts (all when
+    unset), each to its end, at any speed. It runs after the warm-up, so compilation is not in it.
+    """
+    source = protocol["acceptance"]["from"]
+    if source not in ACCEPTANCE_SOURCES:
+        raise ValueError(f"protocol.acceptance.from must be one of {ACCEPTANCE_SOURCES}, not {source!r}")
+    if source != "pass":
+        return {}
+    n = protocol["acceptance"].get("prompts")
+    chosen = prompts[: int(n)] if n else prompts
+    out: dict[str, dict[str, Any]] = {}
+    for arm in ledger.speculative_arms():
+        if arm["name"] in arms:
+            out[arm["name"]] = arms[arm["name"]].prompt_pass(prompts=chosen, concurrency=concurrency, sampling=sampling)
+            done = out[arm["name"]]
+            progress(f"{label} acceptance pass {arm['name']}: {done['requests']} prompts in {done['seconds']:.1f} s")
+    return out
+
 
 def measure_point(ledger: Ledger, arms: Mapping[str, Any], workload: str, temperature: float,
                   concurrency: int, *, root: Path | None = None, progress: Progress = _noop,
@@ -158,6 +189,8 @@ def measure_point(ledger: Ledger, arms: Mapping[str, Any], workload: str, temper
         progress(f"{workload} T={temperature:g} c={concurrency} warm-up {name}: {w['windows']} windows, "
                  f"{w['seconds']:.0f} s, tok/s {w['output_tokens_per_s']}"
                  + ("" if w["converged"] else " (cap reached before two windows agreed)"))
+    passes = acceptance_passes(ledger, arms, prompts, concurrency, sampling, protocol, progress,
+                               label=f"{workload} T={temperature:g} c={concurrency}")
     window_s = windows_for(protocol, {name: w["request_latency_s"] for name, w in warmups.items()})
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     mode = sweep.get("repeat_prompts", "same")
@@ -178,14 +211,14 @@ def measure_point(ledger: Ledger, arms: Mapping[str, Any], workload: str, temper
 
     for r in range(min_repeats):
         one_repeat(r, min_repeats)
-    point = build_point(ledger, workload, temperature, concurrency, runs, warmups)
+    point = build_point(ledger, workload, temperature, concurrency, runs, warmups, passes)
     while more is not None and len(runs[names[0]]) + 2 <= max_repeats and more(point, len(runs[names[0]])):
         n = len(runs[names[0]])
         progress(f"{workload} T={temperature:g} c={concurrency}: {n} repeats do not settle it; 2 more "
                  f"(cap {max_repeats})")
         one_repeat(n, n + 2)
         one_repeat(n + 1, n + 2)
-        point = build_point(ledger, workload, temperature, concurrency, runs, warmups)
+        point = build_point(ledger, workload, temperature, concurrency, runs, warmups, passes)
     point["repeats_added"] = len(runs[names[0]]) - min_repeats
     timings = {name: [{"window_s": x["window_s"], "output_tokens": x["output_tokens"],
                        "output_tokens_per_s": x["output_tokens_per_s"]} for x in rs]
@@ -244,8 +277,9 @@ def lossless(spec_runs: Sequence[Mapping[str, Any]], base_runs: Sequence[Mapping
 
 def build_point(ledger: Ledger, workload: str, temperature: float, concurrency: int,
                 runs: Mapping[str, Sequence[Mapping[str, Any]]],
-                warmups: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
-    """Turn raw windows into the ledger's v3 point object, rounded as the ledger states."""
+                warmups: Mapping[str, Mapping[str, Any]] | None = None,
+                passes: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """Turn raw windows (and acceptance passes) into the ledger's v3 point object, rounded as the ledger states."""
     rounding = ledger.rounding
     r_tps, r_mult = rounding["output_tokens_per_s"], rounding["multiplier"]
     r_len, r_rate = rounding["acceptance_length"], rounding["acceptance_rate"]
@@ -294,12 +328,17 @@ def build_point(ledger: Ledger, workload: str, temperature: float, concurrency: 
                     m = stats.multiplier_estimate(values, tps[base])
                     result[field_name] = round(m.value, r_mult)
                     result[f"{field_name}_ci95"] = interval(m, r_mult)
+            done = (passes or {}).get(name)
             total: dict[str, Any] = {}
-            for x in rs:
+            for x in [done] if done else rs:
                 total = counters.add(total, x["counters"])
             k = (arm.get("speculative_config") or {}).get("num_speculative_tokens")
             acc = counters.acceptance(total, k)
             if acc is not None:
+                acc["from"] = "pass" if done else "windows"
+                if done:
+                    acc["requests"] = int(done["requests"])
+                    acc["seconds"] = round(float(done["seconds"]), 2)
                 acc["acceptance_length"] = round(acc["acceptance_length"], r_len)
                 acc["acceptance_rate"] = round(acc["acceptance_rate"], r_rate)
                 acc["per_position"] = [round(v, r_rate) for v in acc["per_position"]]

@@ -30,7 +30,7 @@ from specledger.schema import (
     has_figures,
     load_ledger,
     parse_ledger,
-    protocol_over_defaults,
+    protocol_with_overrides,
 )
 
 __all__ = ["Migration", "migrate_data", "migrate_file", "replan_data"]
@@ -138,7 +138,7 @@ def replan_data(data: Mapping[str, Any], protocol: Mapping[str, Any] | None = No
     unknown = [key for key in protocol or {} if key not in DEFAULT_PROTOCOL]
     if unknown:
         raise ValueError(f"protocol has no setting {unknown[0]!r} (known: {', '.join(DEFAULT_PROTOCOL)})")
-    out["protocol"] = protocol_over_defaults(protocol)
+    out["protocol"] = protocol_with_overrides(protocol)
     out["notes"] = [note or f"Planned from {data.get('id')!r} ({data.get('status')}) to be recorded with protocol v3: "
                     "its figures, if any, stay wherever that ledger was kept."]
     return out

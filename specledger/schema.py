@@ -35,6 +35,7 @@ __all__ = [
     "DEFAULT_PROTOCOL",
     "DEFAULT_ROUNDING",
     "DEFAULT_TOLERANCES",
+    "LEGACY_ACCEPTANCE",
     "MAX_INPUT_BYTES",
     "MAX_JSON_DEPTH",
     "SCHEMA_PATH",
@@ -53,6 +54,7 @@ __all__ = [
     "load_schema",
     "parse_ledger",
     "protocol_over_defaults",
+    "protocol_with_overrides",
     "read_text_safely",
     "remove_stale_temporaries",
     "stale_temporaries",
@@ -85,13 +87,27 @@ DEFAULT_PROTOCOL: dict[str, Any] = {
         "n_resamples": 9999,
         "estimator": "ratio of mean window throughput over paired repeats",
     },
+    "acceptance": {"from": "pass"},
 }
+#: The acceptance section of a v3 protocol that states none: it was recorded before the acceptance
+#: pass existed, so its acceptance figures came from the timed windows.
+LEGACY_ACCEPTANCE: Mapping[str, Any] = {"from": "windows"}
 
 
 def protocol_over_defaults(own: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A protocol's settings over DEFAULT_PROTOCOL, section by section (sub-dicts merged, so a ledger or
-    a plan can state one knob); a new dict. The schema forbids sections it does not know."""
-    own = own or {}
+    """A ledger's stated protocol over DEFAULT_PROTOCOL, section by section (sub-dicts merged, so a
+    ledger can state one knob); a new dict. The schema forbids sections it does not know.
+
+    A stated protocol without an ``acceptance`` section took acceptance from its windows
+    (LEGACY_ACCEPTANCE): the default describes new recordings, not old ones."""
+    if own and "acceptance" not in own:
+        own = {**own, "acceptance": dict(LEGACY_ACCEPTANCE)}
+    return protocol_with_overrides(own)
+
+
+def protocol_with_overrides(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """DEFAULT_PROTOCOL with a plan's overrides, section by section: the protocol of a new recording."""
+    own = overrides or {}
     return {key: ({**value, **own.get(key, {})} if isinstance(value, dict) else own.get(key, value))
             for key, value in DEFAULT_PROTOCOL.items()}  # each section's values are scalars
 

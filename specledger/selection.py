@@ -45,6 +45,11 @@ class LedgerPoint:
     def test_id(self) -> str:
         return f"{self.ledger.id}-{self.arm}-{self.workload}-T{self.temperature:g}-c{self.concurrency}"
 
+    def __repr__(self) -> str:
+        """The test id, not the whole ledger: pytest-benchmark writes a param it cannot serialize as its
+        repr, once per benchmark row (a GPU run's benchmark JSON was 538 kB of repeated ledgers)."""
+        return f"LedgerPoint({self.test_id})"
+
 
 def parse_point_selection(text: str | None) -> list[PointSelector] | None:
     """'copy:0:1,free-form:*:2' -> selectors; None selects every point."""

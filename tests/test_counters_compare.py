@@ -117,6 +117,44 @@ def test_a_failing_request_ends_the_window_with_its_error():
         asyncio.run(load.steady_window(submit, concurrency=2, window_s=1.0))
 
 
+@pytest.mark.parametrize(("concurrency", "n_prompts"), [(1, 5), (3, 7), (50, 4)])
+def test_a_prompt_pass_sends_every_prompt_once_and_waits_for_each_to_end(concurrency, n_prompts):
+    """Unlike a window, nothing is cut: which tokens a pass counts does not depend on speed."""
+    in_flight, peak, sent = 0, 0, []
+
+    async def submit(i: int, trace: load.RequestTrace) -> None:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        sent.append(i)
+        for _ in range(1 + i % 3):  # requests of different lengths
+            await asyncio.sleep(0.005)
+            trace.add(2, [i, 7])
+        in_flight -= 1
+
+    result = asyncio.run(load.prompt_pass(submit, concurrency=concurrency, n_prompts=n_prompts))
+    assert sorted(sent) == list(range(n_prompts)) and peak == min(concurrency, n_prompts)
+    assert result["requests"] == n_prompts and result["concurrency"] == concurrency
+    assert result["output_tokens"] == sum(2 * (1 + i % 3) for i in range(n_prompts))
+    assert result["outputs"]["1"] == [1, 7] * 2 and result["seconds"] > 0
+
+
+def test_a_failing_or_stuck_request_ends_the_pass_with_an_error():
+    async def failing(i: int, trace: load.RequestTrace) -> None:
+        await asyncio.sleep(0.001)
+        if i == 2:
+            raise RuntimeError("engine died")
+
+    with pytest.raises(RuntimeError, match="engine died"):
+        asyncio.run(load.prompt_pass(failing, concurrency=2, n_prompts=4))
+
+    async def stuck(i: int, trace: load.RequestTrace) -> None:
+        await asyncio.sleep(10)
+
+    with pytest.raises(load.PassTimeout, match="did not end within"):
+        asyncio.run(load.prompt_pass(stuck, concurrency=2, n_prompts=4, timeout_s=0.05))
+
+
 def test_summarize_counts_tokens_by_arrival_time_and_times_requests_inside_the_window():
     inside = load.RequestTrace(0, 0, sent_at=10.0, token_times=[10.5, 11.0, 11.5], token_counts=[1, 3, 1],
                                output=[1, 2, 3, 4, 5], done_at=11.5)
@@ -198,6 +236,47 @@ def test_build_point_multiplier_is_the_paired_ratio_of_means_with_its_ci():
     assert spec["window"]["seconds"] == [5.0] * 5
     assert "multiplier" not in point["arms"]["baseline"]
     _schema_valid(ledger, point)
+
+
+def test_acceptance_comes_from_the_pass_when_there_is_one():
+    ledger = _ledger_with_arms()
+    workload = ledger.data["workloads"][0]["name"]
+    runs = _runs([100, 110, 90, 105, 95], [150, 168, 133, 160, 139])  # windows: L = 3.0
+    windows = measure.build_point(ledger, workload, 0.0, 2, runs)["arms"]["spec"]["acceptance"]
+    assert windows["from"] == "windows" and windows["acceptance_length"] == pytest.approx(3.0)
+    done = {"requests": 43, "seconds": 12.345, "counters": {"drafts": 40, "draft_tokens": 160, "accepted_tokens": 100,
+                                                           "accepted_per_position": [40, 30, 20, 10]}}
+    point = measure.build_point(ledger, workload, 0.0, 2, runs, passes={"spec": done})
+    acc = point["arms"]["spec"]["acceptance"]
+    assert acc["from"] == "pass" and acc["requests"] == 43 and acc["seconds"] == 12.35
+    assert acc["acceptance_length"] == pytest.approx(1 + 100 / 40) and acc["drafts"] == 40
+    assert point["arms"]["spec"]["speculative_tokens_per_step"] == 4.0
+    assert "acceptance" not in point["arms"]["baseline"]
+    _schema_valid(ledger, point)
+
+
+class _PassArm:
+    """A stand-in arm that records the passes asked of it (the pure logic of choosing them)."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[int, int]] = []
+
+    def prompt_pass(self, *, prompts, concurrency, sampling):
+        self.asked.append((len(prompts), concurrency))
+        return {"requests": len(prompts), "seconds": 0.1, "counters": {}}
+
+
+@pytest.mark.parametrize(("section", "expected"), [({"from": "pass"}, 6), ({"from": "pass", "prompts": 4}, 4),
+                                                   ({"from": "windows"}, None)])
+def test_only_drafting_arms_get_a_pass_over_the_protocols_prompts(section, expected):
+    ledger = _ledger_with_arms()
+    arms = {"baseline": _PassArm(), "spec": _PassArm()}
+    passes = measure.acceptance_passes(ledger, arms, [f"p{i}" for i in range(6)], 3, {}, {"acceptance": section})
+    assert arms["baseline"].asked == []
+    assert arms["spec"].asked == ([] if expected is None else [(expected, 3)])
+    assert set(passes) == (set() if expected is None else {"spec"})
+    with pytest.raises(ValueError, match="acceptance.from"):
+        measure.acceptance_passes(ledger, arms, ["p"], 1, {}, {"acceptance": {"from": "somewhere"}})
 
 
 def test_build_point_names_the_first_divergence_from_the_baseline():
@@ -292,6 +371,20 @@ def test_another_machine_shows_speed_but_still_asserts_acceptance():
     result = _verify([100, 104, 96, 102, 98, 101], [150, 156, 144, 153, 147, 151], length=2.5,
                      not_comparable="another CPU")
     assert result.outcome == "failed" and "acceptance_length: measured 2.500" in result.message("t")
+
+
+def test_acceptance_lengths_of_different_tokens_are_shown_not_asserted():
+    ledger = _ledger_with_arms()
+    committed = _v3_point([100, 104, 96], [150, 156, 144])
+    fresh = copy.deepcopy(committed)
+    fresh["arms"]["spec"]["acceptance"].update({"from": "pass", "requests": 43, "acceptance_length": 2.0})
+    result = compare.compare_point(ledger, "spec", committed, fresh)
+    assert [c.metric for c in result.checks] == [] and result.outcome != "failed"
+    assert any("not asserted: committed from the windows, measured from the pass" in n for n in result.notes)
+    committed["arms"]["spec"]["acceptance"].update({"from": "pass", "requests": 40})
+    assert "covered 40 prompts, this one 43" in compare.compare_point(ledger, "spec", committed, fresh).message("t")
+    committed["arms"]["spec"]["acceptance"]["requests"] = 43  # the same pass: asserted, and 2.0 is out
+    assert compare.compare_point(ledger, "spec", committed, fresh).outcome == "failed"
 
 
 def test_a_committed_burst_point_is_not_comparable_with_a_steady_state_run():
@@ -429,3 +522,9 @@ def test_two_ledgers_of_one_file_name_cannot_overwrite_each_other_in_ledger_out(
     assert session._target_path(first) == tmp_path / "out" / "same.json"  # the same ledger again: fine
     with pytest.raises(FileExistsError, match="would both be written to"):
         session._target_path(second)
+
+
+def test_a_ledger_point_prints_as_its_test_id_not_its_ledger():
+    """pytest-benchmark writes an unserializable param as its repr, in every row of its JSON."""
+    point = selection.LedgerPoint(_ledger_with_arms(), "spec", "copy", 0.0, 2)
+    assert repr(point) == f"LedgerPoint({point.test_id})" and len(repr(point)) < 100

@@ -254,6 +254,23 @@ def test_watch_catches_the_drafter_going_quiet(cpu_servers, request, tmp_path):
 
 
 @pytest.mark.engine
+def test_an_acceptance_pass_over_http_counts_the_same_tokens_twice(cpu_servers, request):
+    """Every prompt to its end, whatever the speed: at T=0 two passes agree within the ledger's bar
+    (the second one runs on a warm prefix cache, so exact equality is not promised)."""
+    ledger = load_ledger(LEDGER)
+    arm = _ngram_arm(cpu_servers["ngram"])
+    prompts = measure.prompts_for(ledger, "copy", ROOT)[:4]
+    sampling = measure.sampling_for(ledger, "copy", 0.0)
+    first, second = (arm.prompt_pass(prompts=prompts, concurrency=1, sampling=sampling) for _ in range(2))
+    _say(request.config, f"pass over HTTP: {_acceptance_line(first['counters'])} in {first['seconds']:.1f} s; "
+         f"again: {_acceptance_line(second['counters'])}")
+    assert first["requests"] == second["requests"] == 4 and first["counters"]["drafts"] > 0
+    assert len(first["outputs"]) == 4 and all(first["outputs"].values())
+    lengths = [counters.acceptance(x["counters"])["acceptance_length"] for x in (first, second)]  # type: ignore[index]
+    assert abs(lengths[0] - lengths[1]) <= ledger.tolerances["acceptance_length_abs"], lengths
+
+
+@pytest.mark.engine
 def test_endpoint_errors_name_what_failed(cpu_servers, tmp_path, capsys):
     from specledger.models import resolve_model
 

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 POINT = "copy:0:1"
 #: A cheap protocol: the point only has to run long enough to be killed in the middle.
 QUICK = {"window": {"min_s": 2.0, "min_rounds": 1}, "warmup": {"max_windows": 1, "agree_rel": 1.0},
-         "repeats": {"min": 2, "max": 2}}
+         "repeats": {"min": 2, "max": 2}, "acceptance": {"from": "pass", "prompts": 4}}
 
 
 def _planned(tmp_path: Path) -> Path:

@@ -71,6 +71,10 @@ def test_a_point_recorded_here_verifies_here(tmp_path: Path, request: pytest.Fix
     ngram = point["arms"]["ngram"]
     assert ngram["multiplier_ci95"][0] <= ngram["multiplier"] <= ngram["multiplier_ci95"][1]
     assert ngram["lossless"]["requests_compared"] > 0
+    # acceptance from a pass over every prompt, not from time-sized windows (which made this test cry wolf)
+    assert recorded.protocol is not None and recorded.protocol["acceptance"] == {"from": "pass"}
+    n_prompts = sum(1 for line in (ROOT / "fixtures" / "workloads" / "copy.jsonl").read_text().splitlines() if line)
+    assert ngram["acceptance"]["from"] == "pass" and ngram["acceptance"]["requests"] == n_prompts
 
     rc, log = _pytest(request.config, "--ledger", str(out / "record-verify.json"), "--ledger-points", POINT)
     assert rc == 0, log[-6000:]  # no arm changed: holds, or inconclusive with the repeats it would need

@@ -25,6 +25,8 @@ from specledger.schema import (
     load_ledger,
     load_schema,
     parse_ledger,
+    protocol_over_defaults,
+    protocol_with_overrides,
     write_ledger,
 )
 
@@ -625,9 +627,20 @@ def test_default_protocol_is_the_contracts_and_valid(small):
         "busy_others_cpu_share": 0.15,
         "statistics": {"confidence": 0.95, "method": "BCa", "n_resamples": 9999,
                        "estimator": "ratio of mean window throughput over paired repeats"},
+        "acceptance": {"from": "pass"},
     }
     json.dumps(DEFAULT_PROTOCOL, allow_nan=False)  # goes into a ledger as it is
     parse_ledger(json.dumps({**small, "protocol": DEFAULT_PROTOCOL}), "x.json")
+
+
+def test_a_stated_protocol_without_an_acceptance_section_took_acceptance_from_its_windows():
+    """Recorded before the acceptance pass: resuming or verifying it must measure what it measured."""
+    stated = {k: v for k, v in DEFAULT_PROTOCOL.items() if k != "acceptance"}
+    assert protocol_over_defaults(stated)["acceptance"] == {"from": "windows"}
+    assert protocol_over_defaults(None)["acceptance"] == {"from": "pass"}  # a ledger that states none: new
+    assert protocol_over_defaults({**stated, "acceptance": {"from": "pass", "prompts": 8}})["acceptance"] == {
+        "from": "pass", "prompts": 8}
+    assert protocol_with_overrides({"window": {"min_s": 2.5}})["acceptance"] == {"from": "pass"}  # a new plan
 
 
 def test_a_v1_ledger_still_loads_against_the_v1_schema(tmp_path, small):
