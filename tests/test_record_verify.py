@@ -26,6 +26,7 @@ pytestmark = pytest.mark.engine
 
 ROOT = Path(__file__).resolve().parent.parent
 POINT = "copy:0:1"
+PASS_PROMPTS = 16
 
 
 def _pytest(config: pytest.Config, *args: str) -> tuple[int, str]:
@@ -45,7 +46,9 @@ def _pytest(config: pytest.Config, *args: str) -> tuple[int, str]:
 
 def test_a_point_recorded_here_verifies_here(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     committed = load_ledger(ROOT / "ledgers" / "cpu-smollm2.json").data
-    planned = replan_data(committed, {k: v for k, v in committed["protocol"].items() if isinstance(v, dict)})
+    own = {k: v for k, v in committed["protocol"].items() if isinstance(v, dict)}
+    # a pass over 16 of the 43 copy prompts: as exact as all of them, and 2 x ~50 s less of CI on a slow CPU
+    planned = replan_data(committed, {**own, "acceptance": {"from": "pass", "prompts": PASS_PROMPTS}})
     planned["id"] = "record-verify"
     source = tmp_path / "planned" / "record-verify.json"
     source.parent.mkdir()
@@ -71,10 +74,10 @@ def test_a_point_recorded_here_verifies_here(tmp_path: Path, request: pytest.Fix
     ngram = point["arms"]["ngram"]
     assert ngram["multiplier_ci95"][0] <= ngram["multiplier"] <= ngram["multiplier_ci95"][1]
     assert ngram["lossless"]["requests_compared"] > 0
-    # acceptance from a pass over every prompt, not from time-sized windows (which made this test cry wolf)
-    assert recorded.protocol is not None and recorded.protocol["acceptance"] == {"from": "pass"}
-    n_prompts = sum(1 for line in (ROOT / "fixtures" / "workloads" / "copy.jsonl").read_text().splitlines() if line)
-    assert ngram["acceptance"]["from"] == "pass" and ngram["acceptance"]["requests"] == n_prompts
+    # acceptance from a pass over fixed prompts, not from time-sized windows (which made this test cry wolf)
+    assert recorded.protocol is not None
+    assert recorded.protocol["acceptance"] == {"from": "pass", "prompts": PASS_PROMPTS}
+    assert ngram["acceptance"]["from"] == "pass" and ngram["acceptance"]["requests"] == PASS_PROMPTS
 
     rc, log = _pytest(request.config, "--ledger", str(out / "record-verify.json"), "--ledger-points", POINT)
     assert rc == 0, log[-6000:]  # no arm changed: holds, or inconclusive with the repeats it would need
