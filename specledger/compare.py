@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specledger import figures, stats
-from specledger.schema import Ledger
+from specledger.schema import LEGACY_ACCEPTANCE, Ledger
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,8 @@ def acceptance_sources_differ(committed: Mapping[str, Any], measured: Mapping[st
     From a pass, both count the same requests; from windows, whatever each window's time covered
     (absent ``from``: windows, as every ledger recorded before the pass).
     """
-    c_from, m_from = committed.get("from", "windows"), measured.get("from", "windows")
+    legacy = LEGACY_ACCEPTANCE["from"]
+    c_from, m_from = committed.get("from", legacy), measured.get("from", legacy)
     if c_from != m_from:
         return f"committed from the {c_from}, measured from the {m_from}: re-record the point to compare them"
     if c_from == "pass" and committed.get("requests") != measured.get("requests"):
