@@ -2,9 +2,9 @@
 
 Each test records into a copy of a planned ledger in place (the way a team records into its
 checkout), kills the pytest process while the first point is being measured, then checks:
-no engine process is left within 10 s, the ledger is byte-identical, no temporary file of an
-interrupted write stays (or the next recording removes it), and `--ledger-only-missing`
-completes the ledger.
+no engine process is left within 10 s and the ledger is byte-identical. After SIGKILL it also
+checks that no temporary file of an interrupted write stays (the next recording removes it) and
+that `--ledger-only-missing` completes the ledger.
 """
 
 from __future__ import annotations
@@ -92,6 +92,10 @@ def test_a_recording_killed_mid_point_loses_nothing_and_resumes(tmp_path: Path, 
     left = _all_gone(engines, within_s=10.0)
     assert not left, f"engine processes left after {sig.name}: {[p.pid for p in left]}"
     assert ledger.read_bytes() == before  # nothing half-written, nothing recorded from a partial point
+    if sig is not signal.SIGKILL:
+        # Both kills leave the same thing behind (asserted above), so resuming once is enough: each resume
+        # starts the engines again, minutes of CI on a slow CPU.
+        return
 
     resumed = _record(ledger, "--ledger-only-missing")
     out, _ = resumed.communicate(timeout=900)
