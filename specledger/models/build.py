@@ -26,7 +26,7 @@ from specledger.models.convert import (
     versions,
     write_json,
 )
-from specledger.models.files import cache_root, file_sha256, locked, progress
+from specledger.models.files import cache_root, file_sha256, locked, progress, release_freed_memory
 from specledger.models.metadata import read_field
 from specledger.models.registry import (
     BUILDER_VERSION,
@@ -71,6 +71,7 @@ def _build_folder(spec: EmbeddedModel, gguf_path: Path, out: Path, gguf_sha256: 
     progress(f"dequantized {len(reader.tensors)} tensors ({n_params / 1e6:.0f}M parameters)", t0)
     _save_weights(state, out)
     del state
+    release_freed_memory()
     write_json(out / "config.json", cfg)
 
     tokenizer = tokenizer_from_reader(reader, spec.not_special)
