@@ -24,9 +24,8 @@ from specledger.models.convert import (
     hf_config_dict,
     verify_folder,
     versions,
-    write_json,
 )
-from specledger.models.files import cache_root, file_sha256, locked, progress, release_freed_memory
+from specledger.models.files import cache_root, file_sha256, locked, progress, release_freed_memory, write_json
 from specledger.models.metadata import read_field
 from specledger.models.registry import (
     BUILDER_VERSION,
@@ -55,15 +54,16 @@ def _build_folder(spec: EmbeddedModel, gguf_path: Path, out: Path, gguf_sha256: 
     size_mb = gguf_path.stat().st_size / 1e6
     reader = GGUFReader(str(gguf_path))
     kinds = sorted({t.tensor_type.name for t in reader.tensors})
+    threads = dequantize_threads()
     progress(
         f"dequantizing {spec.hf_name} GGUF ({size_mb:.0f} MB, {len(reader.tensors)} tensors: {'/'.join(kinds)}) "
-        f"to {spec.dtype} in {dequantize_threads()} thread(s) ..."
+        f"to {spec.dtype} in {threads} thread(s) ..."
     )
     cfg = hf_config_dict(reader, spec.dtype)
     n_tokens = len(gguf_tokens(reader)[0])
     check_spec(spec, cfg, n_tokens)
 
-    state = dequantize_state(reader, cfg)
+    state = dequantize_state(reader, cfg, threads)
     check_against_transformers(state, cfg)
     if state["model.embed_tokens.weight"].shape[0] != cfg["vocab_size"]:
         raise EmbeddedModelError("embedding rows != vocab_size")
@@ -117,9 +117,6 @@ def _build_folder(spec: EmbeddedModel, gguf_path: Path, out: Path, gguf_sha256: 
         },
     )
     progress(f"built {spec.hf_name} (weights, tokenizer, config)", t0)
-
-
-
 
 
 def _folder_for(spec: EmbeddedModel, cache: Path, gguf_sha256: str) -> Path:

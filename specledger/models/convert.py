@@ -7,7 +7,6 @@ Why: vLLM loads plain Hugging Face folders reliably; its GGUF path is narrower a
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -255,10 +254,6 @@ def check_spec(spec: EmbeddedModel, cfg: dict[str, Any], n_tokens: int) -> None:
         problems.append("head_dim * num_attention_heads != hidden_size")
     if problems:
         raise EmbeddedModelError(f"{spec.name}: unexpected GGUF model: " + "; ".join(problems))
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def verify_folder(out: Path, cfg: dict[str, Any], n_tokens: int) -> None:

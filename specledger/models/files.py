@@ -10,12 +10,14 @@ import base64
 import ctypes
 import ctypes.util
 import hashlib
+import json
 import os
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from specledger.models.registry import EmbeddedModelError
 
@@ -102,3 +104,7 @@ def release_freed_memory() -> None:
     except (OSError, AttributeError):  # not glibc
         return
     trim(0)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
