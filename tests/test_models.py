@@ -287,10 +287,6 @@ def test_weights_match_transformers_gguf_processor(built: Path, gguf_reader: Any
                 assert torch.equal(f.get_tensor(sample[t.name]), torch.from_numpy(theirs.copy())), t.name
 
 
-# --------------------------------------------------------------------------------------------
-# tokenizer
-
-
 def test_threaded_dequantization_equals_one_thread_bit_for_bit(gguf_reader: Any) -> None:
     """The thread count buys GPU seconds on a bare machine; it must not change a single weight or their order."""
     cfg = convert.hf_config_dict(gguf_reader, "float32")
@@ -311,6 +307,10 @@ def test_dequantize_threads_setting_is_checked(monkeypatch: pytest.MonkeyPatch, 
         convert.dequantize_threads()
     monkeypatch.setenv("SPECLEDGER_DEQUANT_THREADS", "3")
     assert convert.dequantize_threads() == 3
+
+
+# --------------------------------------------------------------------------------------------
+# tokenizer
 
 
 def test_tokenizer_matches_gguf_vocab_token_for_token(tokenizer: Any, gguf_vocab: dict[str, Any], built: Path) -> None:
