@@ -360,13 +360,21 @@ class Ledger:
         `device` of "cuda" (shared, or on any arm) marks it as a GPU ledger. Anything else
         is not a GPU ledger, so a plain CPU `pytest` never selects it by accident.
         """
-        accelerator = self.data.get("provenance", {}).get("accelerator")
-        if accelerator is not None:
-            return accelerator.get("kind") == "cuda"
-        if self.status != "planned":
-            return False
-        args = [self.data.get("engine_args", {})] + [a.get("engine_args", {}) for a in self.arms]
-        return any(str(a.get("device", "")).lower() == "cuda" for a in args)
+        return is_gpu_ledger(self.data)
+
+
+def is_gpu_ledger(data: Mapping[str, Any]) -> bool:
+    """`Ledger.is_gpu` on raw ledger data, for the checks that run before a `Ledger` exists."""
+    provenance = data.get("provenance")
+    accelerator = provenance.get("accelerator") if isinstance(provenance, dict) else None
+    if isinstance(accelerator, dict):
+        return accelerator.get("kind") == "cuda"
+    if data.get("status") != "planned":
+        return False
+    arms = data.get("arms")
+    args = [data.get("engine_args")] + [a.get("engine_args") for a in arms if isinstance(a, dict)] \
+        if isinstance(arms, list) else [data.get("engine_args")]
+    return any(str(a.get("device", "")).lower() == "cuda" for a in args if isinstance(a, dict))
 
 
 # --------------------------------------------------------------------------------------------
@@ -754,7 +762,44 @@ def _semantic_problems(data: dict[str, Any], file: str) -> list[Problem]:
     shares = mix.get("shares") if isinstance(mix, dict) else None
     for name in shares if isinstance(shares, dict) else ():
         unknown("workload", workload_names, name, ["workload_mix", "shares", name])
-    return problems
+    return problems + _gpu_memory_problems(data, file)
+
+
+#: vLLM's own default for `gpu_memory_utilization`, which an arm gets when neither it nor the ledger sets one.
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+#: The most the arms' fractions may add up to: every arm's engine runs side by side on the same GPU(s), and
+#: each process also holds a CUDA context outside its fraction.
+MAX_SUMMED_GPU_MEMORY_UTILIZATION = 0.95
+
+
+def _gpu_memory_problems(data: dict[str, Any], file: str) -> list[Problem]:
+    """A GPU ledger whose arms cannot all start. Why here: a ledger's arms run side by side (one engine each,
+    one ledger at a time), and vLLM gives each engine `gpu_memory_utilization` of the whole GPU and refuses to
+    start when less is free. Six arms at 0.3 would start three and fail the rest, found only on the GPU
+    after the staging and the first starts had spent the slot; the sum is known from the file."""
+    if data.get("status") == "reference" or not is_gpu_ledger(data):
+        return []
+    shared = data.get("engine_args") if isinstance(data.get("engine_args"), dict) else {}
+    arms = [arm for _, arm in _named(data.get("arms"))]
+    fractions = []
+    for arm in arms:
+        own = arm.get("engine_args") if isinstance(arm.get("engine_args"), dict) else {}
+        value = own.get("gpu_memory_utilization", shared.get("gpu_memory_utilization",
+                                                             VLLM_DEFAULT_GPU_MEMORY_UTILIZATION))
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return []  # the schema reports the type
+        fractions.append(float(value))
+    total = sum(fractions)
+    if total <= MAX_SUMMED_GPU_MEMORY_UTILIZATION + 1e-9:
+        return []
+    where = ["engine_args", "gpu_memory_utilization"] if "gpu_memory_utilization" in shared else ["arms"]
+    listed = ", ".join(f"{arm['name']} {f:g}" for arm, f in zip(arms, fractions))
+    return [Problem(file, json_path(where),
+                    f"the {len(arms)} arms run side by side on each GPU, and their gpu_memory_utilization adds "
+                    f"up to {total:.2f} ({listed}); vLLM reserves each engine's fraction of the whole GPU, so "
+                    f"the arms started last would not start: keep the sum at most "
+                    f"{MAX_SUMMED_GPU_MEMORY_UTILIZATION} (arms not setting it get vLLM's default, "
+                    f"{VLLM_DEFAULT_GPU_MEMORY_UTILIZATION})")]
 
 
 #: Figures only a speculative (or policy) arm has: a baseline states none of them.

@@ -274,6 +274,47 @@ def test_measured_points_need_concurrency_and_temperature(tmp_path, small):
     single(problems, "$.points[1].temperature")
 
 
+def _on_gpu(small: dict, shared: float | None, **arms: float) -> dict:
+    """`small` as a GPU ledger with `shared` as engine_args.gpu_memory_utilization and per-arm overrides."""
+    small["provenance"]["accelerator"] = {"kind": "cuda", "name": "NVIDIA H200"}
+    if shared is not None:
+        small["engine_args"]["gpu_memory_utilization"] = shared
+    for arm in small["arms"]:
+        if arm["name"] in arms:
+            arm.setdefault("engine_args", {})["gpu_memory_utilization"] = arms[arm["name"]]
+    return small
+
+
+def test_gpu_arms_that_cannot_all_start_side_by_side(tmp_path, small):
+    """Three arms at 0.4 of one GPU: the third would not start. Found here, not after a GPU slot's staging."""
+    problem = single(problems_of(write(tmp_path, json.dumps(_on_gpu(small, 0.4)))),
+                     "$.engine_args.gpu_memory_utilization")
+    assert "adds up to 1.20" in problem.message and "baseline 0.4, matched 0.4, eagle 0.4" in problem.message
+
+
+def test_gpu_arms_left_at_the_vllm_default_count_as_0_9(tmp_path, small):
+    problem = single(problems_of(write(tmp_path, json.dumps(_on_gpu(small, None, baseline=0.05, eagle=0.05)))),
+                     "$.arms")
+    assert "matched 0.9" in problem.message and "adds up to 1.00" in problem.message
+
+
+@pytest.mark.parametrize("shared, arms", [(0.3, {}), (0.4, {"matched": 0.1, "eagle": 0.45}), (None,
+                                         {"baseline": 0.3, "matched": 0.3, "eagle": 0.3})])
+def test_gpu_arms_that_fit_side_by_side(small, shared, arms):
+    parse_ledger(json.dumps(_on_gpu(small, shared, **arms)), "x.json")
+
+
+@pytest.mark.parametrize("status", ["cpu", "reference"])
+def test_the_gpu_memory_sum_binds_only_gpu_ledgers_that_run(small, status):
+    """A CPU engine ignores the setting; a reference ledger's arms ran elsewhere, not side by side here."""
+    data = _on_gpu(small, 0.9)
+    if status == "cpu":
+        data["provenance"]["accelerator"] = {"kind": "cpu", "cpu_count": 2}
+    else:
+        data["status"] = "reference"
+    parse_ledger(json.dumps(data), "x.json")
+
+
 def test_reference_points_may_leave_conditions_null(small):
     small["status"] = "reference"
     small["points"][2]["concurrency"] = None
