@@ -21,7 +21,7 @@ import pandas as pd
 from specledger import __version__
 from specledger.plots import PLOT_KINDS, NothingToPlot, plot_path, temperature_label, write_plots
 from specledger.report import DRAFTER_CONFIG_KEYS, config_differences, critical_table, points_table
-from specledger.schema import Ledger
+from specledger.schema import Ledger, protocol_over_defaults
 
 __all__ = [
     "effective_config_differences",
@@ -67,10 +67,11 @@ def _fmt(value: Any, spec: str, suffix: str = "") -> str:
     return "-" if _missing(value) else f"{value:{spec}}{suffix}"
 
 
-def _multiplier(value: Any, low_high: Any = None) -> str:
-    """'1.16x'; a published range as '1.30-4.20x'; '-' when there is neither."""
+def _multiplier(value: Any, low_high: Any = None, ci95: Any = None) -> str:
+    """'1.16x', with its 95% CI as '1.16x (1.05..1.28)' where the point recorded one; a published range as
+    '1.30-4.20x'; '-' when there is neither."""
     if not _missing(value):
-        return f"{value:.2f}x"
+        return f"{value:.2f}x" + (f" ({ci95[0]:.2f}..{ci95[1]:.2f})" if ci95 is not None else "")
     if low_high is not None:
         return f"{low_high[0]:.2f}-{low_high[1]:.2f}x"
     return "-"
@@ -148,12 +149,23 @@ def _conditions(ledger: Ledger) -> list[str]:
         temperatures = ", ".join(temperature_label(t) for t in sweep["temperatures"])
         concurrencies = ", ".join(str(c) for c in sweep["concurrencies"])
         facts.append(
-            f"- **Sweep:** T = {temperatures}; c = {concurrencies}; {sweep['repeats']} repeats per point"
+            f"- **Sweep:** T = {temperatures}; c = {concurrencies}; {_repeats(data)} per point"
             + ("; plus extra points" if sweep.get("only") else "")
         )
     workloads = ", ".join(f"{w['name']} ({w['kind']})" for w in ledger.workloads)
     facts.append(f"- **Workloads:** {workloads}")
     return facts
+
+
+def _repeats(data: dict[str, Any]) -> str:
+    """How many repeats a point gets: a fixed count in the one-round protocols (`sweep.repeats`), a range in
+    protocol v3, whose sweep states none (the adaptive rule adds pairs up to the cap)."""
+    if "repeats" in data["sweep"]:
+        return f"{data['sweep']['repeats']} repeats"
+    protocol = protocol_over_defaults(data.get("protocol"))
+    repeats = protocol["repeats"]
+    return (f"{repeats['min']} to {repeats['max']} paired repeats of steady-state windows "
+            f"(protocol v{protocol['version']})")
 
 
 def _arms_table(ledger: Ledger) -> str:
@@ -207,8 +219,8 @@ def _points(ledger: Ledger) -> str:
             "n/a" if row["concurrency"] is pd.NA else int(row["concurrency"]),
             _fmt(row["baseline_tokens_per_s"], ",.0f"),
             _fmt(row["spec_tokens_per_s"], ",.0f"),
-            _multiplier(row["multiplier"], row["multiplier_range"]),
-            _multiplier(row["multiplier_vs_matched"]),
+            _multiplier(row["multiplier"], row["multiplier_range"], row["multiplier_ci95"]),
+            _multiplier(row["multiplier_vs_matched"], ci95=row["multiplier_vs_matched_ci95"]),
             _fmt(row["acceptance_length"], ".2f"),
             _fmt(row["acceptance_rate"], ".3f"),
             _fmt(row["spread"], ".0%"),
@@ -230,9 +242,10 @@ def _points(ledger: Ledger) -> str:
     ]
     table = markdown_table(headers, rows, right=[False, False, True, True] + [True] * 7)
     return (
-        table + "\n\ntok/s: medians over repeats; multiplier: as the ledger states it (spec median / baseline "
-        "median for measured points; published ranges as low-high); acceptance rate is a fraction; repeat spread: "
-        "(max - min) / median of the spec arm's tokens/s."
+        table + "\n\ntok/s: medians over repeats; multiplier: as the ledger states it (protocol v3: the ratio of "
+        "mean window throughput over the paired repeats, with its paired-bootstrap 95% CI in brackets; earlier "
+        "protocols: spec median / baseline median; published ranges as low-high); acceptance rate is a fraction; "
+        "repeat spread: (max - min) / median of the spec arm's tokens/s."
     )
 
 

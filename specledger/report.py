@@ -36,6 +36,8 @@ POINTS_COLUMNS = [
     "acceptance_rate",
     "spread",
     "multiplier_range",
+    "multiplier_ci95",
+    "multiplier_vs_matched_ci95",
 ]
 CRITICAL_COLUMNS = [
     "ledger",
@@ -67,7 +69,9 @@ def points_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
     """One row per (ledger, speculative/policy arm, point that has that arm), in ledger order.
 
     `multiplier` is the stated one, else `figures.multiplier`'s ratio; `multiplier_range` (a
-    (low, high) tuple or None) carries published ranges, which have no single multiplier.
+    (low, high) tuple or None) carries published ranges, which have no single multiplier;
+    `multiplier_ci95` and `multiplier_vs_matched_ci95` (each a (low, high) tuple or None) the recorded CIs of
+    a protocol v3 point, so that no table shows a v3 verdict without its uncertainty.
     """
     rows: list[dict[str, Any]] = []
     for ledger in ledgers:
@@ -80,6 +84,7 @@ def points_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
                     continue
                 acceptance = result.get("acceptance") or {}
                 low_high = result.get("multiplier_range")
+                ci95, matched_ci95 = result.get("multiplier_ci95"), result.get("multiplier_vs_matched_ci95")
                 rows.append(
                     {
                         "ledger": ledger.id,
@@ -97,6 +102,8 @@ def points_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
                         "acceptance_rate": _number(acceptance.get("acceptance_rate")),
                         "spread": _number(figures.throughput_spread(result)),
                         "multiplier_range": tuple(low_high) if low_high is not None else None,
+                        "multiplier_ci95": tuple(ci95) if ci95 is not None else None,
+                        "multiplier_vs_matched_ci95": tuple(matched_ci95) if matched_ci95 is not None else None,
                     }
                 )
     df = pd.DataFrame(rows, columns=POINTS_COLUMNS)
@@ -104,7 +111,7 @@ def points_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
     float_columns = [
         c
         for c in POINTS_COLUMNS[POINTS_COLUMNS.index("temperature") :]
-        if c not in ("concurrency", "multiplier_range")
+        if c not in ("concurrency", "multiplier_range", "multiplier_ci95", "multiplier_vs_matched_ci95")
     ]
     return df.astype({c: float for c in float_columns})
 

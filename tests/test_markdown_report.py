@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 
 from specledger.cli import main
 from specledger.markdown_report import effective_config_differences, markdown_table, write_report
-from specledger.schema import load_ledger, parse_ledger
+from specledger.schema import DEFAULT_PROTOCOL, load_ledger, parse_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_PATH = Path(__file__).parent / "data" / "measured-small.json"
@@ -110,3 +111,23 @@ def test_cli_report(tmp_path, capsys):
     assert all((out.parent / link).is_file() for link in IMAGE.findall(text))
     assert main(["report", str(SMALL_PATH), "-o", str(tmp_path)]) == 2  # a directory is not a report name
     assert main(["report", str(SMALL_PATH)]) == 2
+
+
+def _v3_small():
+    """measured-small as a protocol v3 ledger: no fixed repeat count, and CIs on its first point."""
+    data = json.loads(SMALL_PATH.read_text())
+    data["id"] = "v3-small"
+    del data["sweep"]["repeats"]
+    data["protocol"] = {**copy.deepcopy(DEFAULT_PROTOCOL), "repeats": {"min": 6, "max": 10}}
+    eagle = data["points"][0]["arms"]["eagle"]
+    eagle.update(multiplier_ci95=[1.61, 2.02], multiplier_vs_matched_ci95=[1.7, 2.1])
+    return parse_ledger(json.dumps(data), "v3.json")
+
+
+def test_a_v3_ledger_reports_its_repeat_range_and_every_ci(tmp_path):
+    """A v3 sweep states no repeat count (the report used to fail on it), and a v3 multiplier is shown
+    with its CI: a verdict without its uncertainty would be a single number again."""
+    text = write_report([_v3_small()], tmp_path / "v3.md").read_text()
+    assert "c = 1, 4, 16; 6 to 10 paired repeats of steady-state windows (protocol v3) per point" in text
+    assert "| eagle | copy | 0 | 1 | 100 | 180 | 1.80x (1.61..2.02) | 1.90x (1.70..2.10) | 2.50 | 0.375 | 3% |" in text
+    assert "| eagle | copy | 0 | 4 |" in text and "(1.61..2.02)" not in text.split("| eagle | copy | 0 | 4 |")[1]

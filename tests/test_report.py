@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pandas as pd
 import pytest
 
 from specledger.report import CRITICAL_COLUMNS, POINTS_COLUMNS, critical_table, format_table, points_table
-from specledger.schema import load_ledger
+from specledger.schema import load_ledger, parse_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = load_ledger(Path(__file__).parent / "data" / "measured-small.json")
@@ -98,3 +99,11 @@ def test_format_table():
     critical = format_table(critical_table(REFERENCE))
     assert "critical_concurrency" in critical.splitlines()[0]
     assert "does not cross 1.0 within c=1..8" in critical
+
+
+def test_points_table_carries_the_recorded_cis():
+    data = json.loads((Path(__file__).parent / "data" / "measured-small.json").read_text())
+    data["points"][0]["arms"]["eagle"].update(multiplier_ci95=[1.61, 2.02], multiplier_vs_matched_ci95=[1.7, 2.1])
+    df = points_table([parse_ledger(json.dumps(data), "x.json")])
+    assert list(df["multiplier_ci95"]) == [(1.61, 2.02), None, None]
+    assert list(df["multiplier_vs_matched_ci95"]) == [(1.7, 2.1), None, None]
