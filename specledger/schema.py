@@ -25,11 +25,12 @@ from functools import cache
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any
-
-from jsonschema import Draft202012Validator
+from typing import TYPE_CHECKING, Any
 
 from specledger.errors import SpecledgerError
+
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
 
 __all__ = [
     "DEFAULT_PROTOCOL",
@@ -158,6 +159,10 @@ def _parsed_schema(version: int) -> dict[str, Any]:
 
 @cache
 def _validator(version: int) -> Draft202012Validator:
+    """Imported here, not at module load: the pytest plugin imports this module in every pytest session of
+    any project that has specledger installed, and jsonschema is most of that import's cost."""
+    from jsonschema import Draft202012Validator
+
     return Draft202012Validator(load_schema(version))
 
 

@@ -132,3 +132,14 @@ def test_the_cuda_skip_touches_only_ledger_points(tmp_path: Path) -> None:
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     out = proc.stdout + proc.stderr
     assert "1 failed" in out and "ran" in out, out[-2000:]
+
+
+def test_loading_the_plugin_imports_nothing_heavy() -> None:
+    """Once installed, the plugin loads in every pytest session of every project (the `pytest11` entry point):
+    it must not pull jsonschema, pandas, matplotlib, torch or vLLM in before a ledger is in play."""
+    heavy = ("jsonschema", "pandas", "matplotlib", "scipy", "torch", "vllm")
+    code = ("import sys, specledger.plugin; "
+            f"print(sorted(m for m in {heavy!r} if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[]"
