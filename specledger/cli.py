@@ -152,7 +152,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 @command("show", "print the points and critical-concurrency tables", _paths_argument)
 def cmd_show(args: argparse.Namespace) -> int:
-    from specledger.report import critical_table, format_table, points_table
+    from specledger.render.tables import critical_table, format_table, points_table
 
     ledgers, invalid = _load_valid_ledgers(args.paths)
     print("Points")
@@ -301,7 +301,7 @@ def _plot_arguments(parser: argparse.ArgumentParser) -> None:
     _plot_arguments,
 )
 def cmd_plot(args: argparse.Namespace) -> int:
-    from specledger.plots import NothingToPlot, write_plots
+    from specledger.render.plots import NothingToPlot, write_plots
 
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise _UsageError(f"-o {args.out}: exists and is not a directory")
@@ -330,7 +330,7 @@ def _report_arguments(parser: argparse.ArgumentParser) -> None:
 
 @command("report", "write a Markdown report: conditions, tables, notes and plots of each ledger", _report_arguments)
 def cmd_report(args: argparse.Namespace) -> int:
-    from specledger.markdown_report import write_report
+    from specledger.render.markdown import write_report
 
     if Path(args.out).is_dir():
         raise _UsageError(f"-o {args.out}: is a directory, expected a Markdown file name")

@@ -14,7 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from specledger import compare, report
+from specledger import compare
+from specledger.render import tables
 from specledger.schema import Ledger, load_ledger
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -81,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         session.close()
     fresh = load_ledger(written) if written else committed
     print(f"\nMeasured {len(keys)} points in {time.monotonic() - t0:.0f} s -> {written}\n")
-    print(report.format_table(report.points_table([fresh])))
+    print(tables.format_table(tables.points_table([fresh])))
     print()
-    print(report.format_table(report.critical_table([fresh])))
+    print(tables.format_table(tables.critical_table([fresh])))
     print()
     print("\n".join(summary))
     outcomes = _verdicts(committed, fresh, not_comparable)

@@ -16,7 +16,7 @@ import pandas as pd
 
 from specledger import theory
 from specledger.errors import SpecledgerError
-from specledger.report import points_table
+from specledger.render.tables import points_table
 from specledger.schema import Ledger
 
 __all__ = [
@@ -99,7 +99,7 @@ def fleet_curve(ledger: Ledger, weights: Mapping[str, float], arm: str, temperat
     """One row per concurrency measured for every weighted workload: the fleet multiplier there.
 
     Columns: `concurrency`, `fleet_multiplier`, `weighting`, then per weighted workload w
-    `multiplier:w` and `baseline_tokens_per_s:w` (from `report.points_table`). `weighting` is
+    `multiplier:w` and `baseline_tokens_per_s:w` (from `tables.points_table`). `weighting` is
     "time" when every kept row has every weighted workload's baseline median (the time-weighted
     mix), else "equal-baseline" for the whole curve: the share-weighted harmonic mean, which
     assumes equal baseline speeds (published figures often give only multipliers). One rule per

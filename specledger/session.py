@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from specledger import compare, engines, fingerprint, measure
 from specledger.errors import SpecledgerError
-from specledger.report import config_differences
+from specledger.render.tables import config_differences
 from specledger.schema import SCHEMA_VERSION, Ledger, remove_stale_temporaries, write_ledger
 from specledger.selection import point_label
 
@@ -358,7 +358,7 @@ class SuiteSession:
             return ""
         import pandas as pd
 
-        from specledger.report import format_table
+        from specledger.render.tables import format_table
 
         def ci(e: Any) -> str:
             return f"{e.value:.3f} ({e.low:.3f}..{e.high:.3f})"

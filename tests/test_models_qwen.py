@@ -500,8 +500,10 @@ def test_every_embedded_reference_in_a_ledger_is_known() -> None:
             assert ledger.data["target"]["source"] == EMBEDDED_MODELS[model.split(":", 1)[1]].source, path.name
 
 
-def test_qwen_ledgers_are_planned_gpu_ledgers() -> None:
-    from specledger.schema import load_ledger
+def test_qwen_ledgers_are_gpu_ledgers_planned_or_being_recorded() -> None:
+    """The Qwen ledgers' conditions, as planned; a ledger the H200 visits have started to record keeps them,
+    and holds only points of its own grid."""
+    from specledger.schema import Ledger, load_ledger
 
     grid_t0 = [(w, 0.0, c) for w in ("copy", "free-form") for c in (1, 2, 4, 8, 16, 64)]
     grid_t1 = [(w, 1.0, c) for w in ("copy", "free-form") for c in (1, 8)]
@@ -514,7 +516,8 @@ def test_qwen_ledgers_are_planned_gpu_ledgers() -> None:
     }
     for name, (arms, gpus) in expected.items():
         ledger = load_ledger(REPO / "ledgers" / f"{name}.json")
-        assert ledger.status == "planned" and ledger.points == [] and ledger.is_gpu(), name
+        assert ledger.is_gpu(), name
+        assert ledger.status == "measured" or (ledger.status == "planned" and ledger.points == []), name
         assert [a["name"] for a in ledger.arms] == arms, name
         assert ledger.data["provenance"]["accelerator"]["count"] == gpus
         assert ledger.data["engine_args"].get("tensor_parallel_size", 1) == gpus
@@ -529,6 +532,7 @@ def test_qwen_ledgers_are_planned_gpu_ledgers() -> None:
         if gpus == 1:
             assert ledger.data["session_context_tokens"] == [8192, 32768]
             assert grid == sorted(grid_t0 + grid_t1), name
+            assert {Ledger.point_key(p) for p in ledger.points} <= set(grid), name
         else:
             assert grid == sorted((w, 0.0, c) for w in ("copy", "free-form") for c in (1, 4, 16, 64))
     bf16 = load_ledger(REPO / "ledgers" / "h200-qwen2.5-coder-1.5b.json")

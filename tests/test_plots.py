@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 
 from specledger import theory
 from specledger.cli import main
-from specledger.plots import (
+from specledger.render.plots import (
     NothingToPlot,
     acceptance_figure,
     multiplier_figure,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from specledger.report import CRITICAL_COLUMNS, POINTS_COLUMNS, critical_table, format_table, points_table
+from specledger.render.tables import CRITICAL_COLUMNS, POINTS_COLUMNS, critical_table, format_table, points_table
 from specledger.schema import load_ledger, parse_ledger
 
 ROOT = Path(__file__).resolve().parents[1]

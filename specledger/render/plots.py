@@ -1,6 +1,6 @@
 """PNG plots of one ledger: multiplier curves, every arm's throughput, acceptance on the theory curve.
 
-The numbers come from `report.points_table` / `report.critical_table` (and, for per-arm
+The numbers come from `tables.points_table` / `tables.critical_table` (and, for per-arm
 throughput and repeat spreads, from the points themselves), so a plot can never disagree with
 `specledger show`. Figures are built with the object-oriented `matplotlib.figure.Figure`, never
 pyplot: no global figure registry, no GUI backend, nothing to close, safe in a test process.
@@ -22,7 +22,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLo
 
 from specledger import figures, theory
 from specledger.errors import SpecledgerError
-from specledger.report import critical_table, points_table
+from specledger.render.tables import critical_table, points_table
 from specledger.schema import Ledger
 
 __all__ = [

@@ -2,8 +2,8 @@
 
 The report is for readers who will never open the JSON, so it states the conditions a number
 depends on (engine, accelerator, each arm's drafter config, KV-cache capacity and how the arms'
-effective engine configs differ) next to the numbers. Tables come from `report.points_table` /
-`report.critical_table`, plots from `plots.write_plots`; nothing is recomputed here. The table
+effective engine configs differ) next to the numbers. Tables come from `tables.points_table` /
+`tables.critical_table`, plots from `plots.write_plots`; nothing is recomputed here. The table
 formatter is our own (pandas' `to_markdown` needs tabulate, which is not a dependency). No vLLM.
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 import pandas as pd
 
 from specledger import __version__
-from specledger.plots import PLOT_KINDS, NothingToPlot, plot_path, temperature_label, write_plots
-from specledger.report import DRAFTER_CONFIG_KEYS, config_differences, critical_table, points_table
+from specledger.render.plots import PLOT_KINDS, NothingToPlot, plot_path, temperature_label, write_plots
+from specledger.render.tables import DRAFTER_CONFIG_KEYS, config_differences, critical_table, points_table
 from specledger.schema import Ledger, protocol_over_defaults
 
 __all__ = [

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from specledger.cli import main
-from specledger.markdown_report import effective_config_differences, markdown_table, write_report
+from specledger.render.markdown import effective_config_differences, markdown_table, write_report
 from specledger.schema import DEFAULT_PROTOCOL, load_ledger, parse_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
