@@ -10,7 +10,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from specledger import compare, counters, load, measure, report, selection
+from specledger import compare, counters, load, measure, selection
+from specledger.render import tables
 from specledger.schema import DEFAULT_PROTOCOL, Ledger, dump_ledger, load_ledger, parse_ledger
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -325,7 +326,7 @@ def test_config_differences_ignore_the_drafter_itself():
         "spec": {"async_scheduling": False, "max_num_seqs": 64, "speculative_method": "ngram",
                  "num_speculative_tokens": 7},
     }
-    assert report.config_differences(configs) == {"async_scheduling": {"baseline": True, "spec": False}}
+    assert tables.config_differences(configs) == {"async_scheduling": {"baseline": True, "spec": False}}
 
 
 def _v3_point(base, spec, length=3.0):

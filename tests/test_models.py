@@ -288,16 +288,71 @@ def test_weights_match_transformers_gguf_processor(built: Path, gguf_reader: Any
 
 
 def test_threaded_dequantization_equals_one_thread_bit_for_bit(gguf_reader: Any) -> None:
-    """The thread count buys GPU seconds on a bare machine; it must not change a single weight or their order."""
+    """The thread count buys GPU seconds on a bare machine; it must not change a single weight or their order.
+
+    Nor must splitting tensors into row chunks: one thread with every tensor whole against three threads
+    with chunks small enough that every 2-D tensor splits (the permuted q/k, Q4_1 and the Q8_0 embedding).
+    """
     cfg = convert.hf_config_dict(gguf_reader, "float32")
-    one = convert.dequantize_state(gguf_reader, cfg, threads=1)
-    three = convert.dequantize_state(gguf_reader, cfg, threads=3)
+    small = 1 << 16
+    split = {t.name for t in gguf_reader.tensors if len(convert.tensor_row_chunks(t, small)) > 1}
+    assert {"token_embd.weight", "blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.29.ffn_down.weight"} <= split
+    assert len(convert.tensor_row_chunks(gguf_reader.tensors[0])) > 1  # the embedding splits by default too
+    one = convert.dequantize_state(gguf_reader, cfg, threads=1, chunk_elements=1 << 62)
+    three = convert.dequantize_state(gguf_reader, cfg, threads=3, chunk_elements=small)
     try:
         assert list(one) == list(three)
         assert all(one[name].dtype == three[name].dtype and one[name].equal(three[name]) for name in one)
     finally:  # two float32 copies of the model: give the memory back before the engine tests run in this process
         del one, three
         files.release_freed_memory()
+
+
+def test_quantized_rows_dequantize_alone(gguf_reader: Any) -> None:
+    """What chunking rests on: a quantized tensor's data is uint8 with one row's bytes on its last axis, so
+    any row range dequantizes to the same values as those rows of the whole; 1-D tensors are one chunk."""
+    import numpy as np
+    from gguf.constants import GGML_QUANT_SIZES
+    from gguf.quants import dequantize
+
+    embd = gguf_reader.tensors[0]
+    assert embd.name == "token_embd.weight" and embd.tensor_type.name == "Q8_0"
+    block, block_bytes = GGML_QUANT_SIZES[embd.tensor_type]
+    hidden, rows = (int(d) for d in embd.shape)
+    assert embd.data.dtype == np.uint8 and embd.data.shape == (rows, hidden // block * block_bytes)
+    whole = dequantize(embd.data, embd.tensor_type)
+    chunks = convert.tensor_row_chunks(embd, 1 << 20)
+    assert len(chunks) > 1
+    parts = [dequantize(embd.data[a:b], embd.tensor_type) for a, b in chunks]
+    assert np.array_equal(np.concatenate(parts), whole)
+    norm = next(t for t in gguf_reader.tensors if t.data.ndim == 1)
+    assert norm.data.dtype == np.float32 and convert.tensor_row_chunks(norm, 1) == [(0, norm.data.shape[0])]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.integers(1, 5000),
+    row_elements=st.integers(1, 10_000),
+    chunk_elements=st.integers(1, 1 << 24),
+)
+def test_dequant_row_chunks_cover_rows_in_order(rows: int, row_elements: int, chunk_elements: int) -> None:
+    """Chunks cover every row once, in order, each about chunk_elements; a small tensor is one chunk."""
+    chunks = convert.dequant_row_chunks(rows, row_elements, chunk_elements)
+    assert chunks[0][0] == 0 and chunks[-1][1] == rows
+    assert all(a < b for a, b in chunks)
+    assert all(b == c for (_, b), (c, _) in zip(chunks, chunks[1:], strict=False))
+    sizes = [(b - a) * row_elements for a, b in chunks]
+    assert max(sizes) <= max(chunk_elements, row_elements)  # a row is never split, so one row may exceed it
+    assert all(size > chunk_elements - row_elements for size in sizes[:-1])  # only the last may be short
+    if rows * row_elements <= chunk_elements:
+        assert chunks == [(0, rows)]
+
+
+def test_dequant_row_chunks_for_the_qwen_embedding() -> None:
+    """The tensor chunking is for: Qwen2.5's 151936 x 1536 embedding, 233M elements, in ~4M-element chunks."""
+    chunks = convert.dequant_row_chunks(151936, 1536)
+    assert convert.DEQUANT_CHUNK_ELEMENTS == 1 << 22
+    assert len(chunks) == 56 and chunks[0] == (0, 2730) and chunks[-1] == (150150, 151936)
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])

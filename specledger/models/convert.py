@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -165,13 +166,65 @@ def dequantize_threads() -> int:
     return max(1, min(16, os.cpu_count() or 1))
 
 
-def dequantize_state(reader: GGUFReader, cfg: dict[str, Any], threads: int | None = None) -> dict[str, Any]:
+# Elements per dequantization task: 4M (16 MiB of float32, ~0.6 s of one core at the 1.5B embedding's 34 s
+# for 233M) keeps the last tasks' tail short, while the 1.5B stays a few hundred tasks, not thousands.
+DEQUANT_CHUNK_ELEMENTS = 1 << 22
+
+
+def dequant_row_chunks(
+    rows: int, row_elements: int, chunk_elements: int = DEQUANT_CHUNK_ELEMENTS
+) -> list[tuple[int, int]]:
+    """Row ranges [a, b) that split a tensor of `rows` rows into tasks of at most ~`chunk_elements`.
+
+    Why: one tensor in one thread made the 1.5B's embedding (34 s) the whole build's critical path.
+    Ranges cover 0..rows once, in order; a tensor of at most `chunk_elements` is one range, and a row
+    is never split (a quantized row is whole blocks, so rows a..b dequantize alone).
+    """
+    step = max(1, chunk_elements // max(1, row_elements))
+    return [(a, min(a + step, rows)) for a in range(0, rows, step)] or [(0, rows)]
+
+
+def tensor_row_chunks(t: Any, chunk_elements: int = DEQUANT_CHUNK_ELEMENTS) -> list[tuple[int, int]]:
+    """`dequant_row_chunks` for a gguf ReaderTensor, along axis 0 of t.data, or one range for all of it.
+
+    t.data of a quantized tensor is uint8 with one row's bytes on its last axis, and gguf's `dequantize`
+    keeps leading axes, so t.data[a:b] dequantizes to rows a..b. A 1-D tensor is never split.
+    """
+    rows = int(t.data.shape[0])
+    if t.data.ndim < 2 or rows < 2:
+        return [(0, rows)]
+    return dequant_row_chunks(rows, int(t.n_elements) // rows, chunk_elements)
+
+
+@dataclass
+class _Dequant:
+    """One GGUF tensor in flight: its float32 rows arrive chunk by chunk; the last chunk finishes it."""
+
+    tensor: Any
+    hf: str
+    suffix: str
+    chunks: list[tuple[int, int]]
+    remaining: int
+    buffer: Any = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def dequantize_state(
+    reader: GGUFReader,
+    cfg: dict[str, Any],
+    threads: int | None = None,
+    chunk_elements: int = DEQUANT_CHUNK_ELEMENTS,
+) -> dict[str, Any]:
     """All GGUF tensors as torch tensors of cfg["dtype"] under transformers names, in the GGUF's order.
 
-    Each tensor goes through float32 and is cast right away, so the peak is the result plus one float32
-    tensor per thread (the 1.5B's embedding: 0.9 GB), not a float32 copy of the whole model. The tensors
-    are independent, so `threads` (default `dequantize_threads()`) dequantize them side by side; the
-    result does not depend on the thread count (tests/test_models.py checks it bit for bit).
+    Each tensor goes through float32 and is cast right away, not a float32 copy of the whole model. The
+    tensors are independent, and a tensor of more than `chunk_elements` is split into row ranges
+    (`dequant_row_chunks`), so `threads` (default `dequantize_threads()`) share even the biggest one and
+    the wall time is about total work / threads, not the embedding's time in one thread. A split tensor's
+    chunks are written into one float32 array of its full size, which lives from its first chunk to its
+    cast; tasks run in order, so the peak is the result plus at most threads + 1 float32 tensors in flight
+    (the 1.5B's embedding: 0.9 GB) plus one float32 chunk per thread. The result depends on neither the
+    thread count nor the chunking (tests/test_models.py checks both bit for bit).
     """
     import numpy as np
     import torch
@@ -180,37 +233,69 @@ def dequantize_state(reader: GGUFReader, cfg: dict[str, Any], threads: int | Non
     _, arch = gguf_arch(reader)
     dtype = getattr(torch, cfg["dtype"])
 
-    def one(t: Any) -> tuple[str, Any]:
+    def names(t: Any) -> tuple[str, str]:
         if t.name in arch.global_tensors:
-            hf = arch.global_tensors[t.name]
-            suffix = ""
-        else:
-            parts = t.name.split(".", 2)
-            if len(parts) != 3 or parts[0] != "blk" or parts[2] not in arch.block_tensors:
-                raise EmbeddedModelError(f"unexpected GGUF tensor {t.name!r}")
-            suffix = parts[2]
-            hf = f"model.layers.{int(parts[1])}.{arch.block_tensors[suffix]}"
-        w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+            return arch.global_tensors[t.name], ""
+        parts = t.name.split(".", 2)
+        if len(parts) != 3 or parts[0] != "blk" or parts[2] not in arch.block_tensors:
+            raise EmbeddedModelError(f"unexpected GGUF tensor {t.name!r}")
+        return f"model.layers.{int(parts[1])}.{arch.block_tensors[parts[2]]}", parts[2]
+
+    def finish(job: _Dequant, w: Any) -> Any:
+        """The whole tensor's float32 values -> HF layout and dtype (sees the whole tensor: q/k permute)."""
+        t = job.tensor
         expected_shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims fastest-first
         if w.shape != expected_shape:
             w = w.reshape(expected_shape)
-        if arch.permute_qk and suffix == "attn_q.weight":
+        if arch.permute_qk and job.suffix == "attn_q.weight":
             w = _reverse_permute(w, cfg["num_attention_heads"])
-        elif arch.permute_qk and suffix == "attn_k.weight":
+        elif arch.permute_qk and job.suffix == "attn_k.weight":
             w = _reverse_permute(w, cfg["num_key_value_heads"])
         if not (w.flags.writeable and w.flags.c_contiguous):  # float tensors come straight from the mmap
             w = w.copy()
         tensor = torch.from_numpy(w)
-        return hf, tensor if dtype == torch.float32 else tensor.to(dtype)
+        return tensor if dtype == torch.float32 else tensor.to(dtype)
+
+    def run(job: _Dequant, a: int, b: int) -> Any:
+        """Dequantize rows a..b; the task that completes the tensor returns it finished, the others None."""
+        t = job.tensor
+        if len(job.chunks) == 1:  # whole tensor, as before chunking: no staging copy
+            return finish(job, np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32))
+        part = np.asarray(dequantize(t.data[a:b], t.tensor_type), dtype=np.float32)
+        with job.lock:
+            if job.buffer is None:
+                job.buffer = np.empty((int(t.data.shape[0]), *part.shape[1:]), dtype=np.float32)
+            buffer = job.buffer
+        buffer[a:b] = part
+        del part
+        with job.lock:
+            job.remaining -= 1
+            if job.remaining:
+                return None
+            job.buffer = None
+        return finish(job, buffer)
+
+    jobs = []
+    for t in reader.tensors:
+        hf, suffix = names(t)
+        chunks = tensor_row_chunks(t, chunk_elements)
+        jobs.append(_Dequant(t, hf, suffix, chunks, len(chunks)))
 
     state: dict[str, Any] = {}
     t0 = last = time.monotonic()
     with ThreadPoolExecutor(max_workers=threads or dequantize_threads()) as pool:
-        for n, (hf, tensor) in enumerate(pool.map(one, reader.tensors), 1):  # map keeps the GGUF's order
-            state[hf] = tensor
-            if time.monotonic() - last > 10 and n < len(reader.tensors):
-                last = time.monotonic()
-                progress(f"  {n}/{len(reader.tensors)} tensors after {last - t0:.0f}s")
+        # Submitted in the GGUF's order and run first in, first out: a big tensor's chunks go to all threads.
+        tasks = [[pool.submit(run, job, a, b) for a, b in job.chunks] for job in jobs]
+        try:
+            for n, (job, futures) in enumerate(zip(jobs, tasks, strict=True), 1):
+                done = [f.result() for f in futures]
+                state[job.hf] = next(x for x in done if x is not None)
+                if time.monotonic() - last > 10 and n < len(jobs):
+                    last = time.monotonic()
+                    progress(f"  {n}/{len(jobs)} tensors after {last - t0:.0f}s")
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)  # don't dequantize the rest for nothing
+            raise
     if cfg["tie_word_embeddings"]:
         state.pop("lm_head.weight", None)
     return state

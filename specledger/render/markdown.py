@@ -87,7 +87,7 @@ def _json(value: Any) -> str:
 
 
 def effective_config_differences(ledger: Ledger) -> tuple[list[str], list[tuple[str, list[Any]]]]:
-    """(arm names, [(key, value per arm)]) for effective-config keys whose values differ (report.config_differences).
+    """(arm names, [(key, value per arm)]) for effective-config keys whose values differ (tables.config_differences).
 
     Only arms that recorded an effective config take part; a key missing from some of them
     counts as a difference (shown as "(absent)").
