@@ -121,7 +121,7 @@ def _audit_arguments(parser: argparse.ArgumentParser) -> None:
     "audit", "check that each ledger's figures agree with each other at the stated rounding", _audit_arguments
 )
 def cmd_audit(args: argparse.Namespace) -> int:
-    from specledger.audit import SEVERITIES, at_least, audit_ledger
+    from specledger.analysis.audit import SEVERITIES, at_least, audit_ledger
 
     counts = dict.fromkeys(SEVERITIES, 0)
     load_problems = 0
@@ -201,7 +201,7 @@ def _audit_report_arguments(parser: argparse.ArgumentParser) -> None:
     _audit_report_arguments,
 )
 def cmd_audit_report(args: argparse.Namespace) -> int:
-    from specledger.claims import LedgerSet, audit_report, summary_line
+    from specledger.analysis.claims import LedgerSet, audit_report, summary_line
 
     missing = [r for r in args.reports if not Path(r).exists()]  # a FIFO or device exists: refused on reading
     if missing:
@@ -252,7 +252,7 @@ def _policy_arguments(parser: argparse.ArgumentParser) -> None:
 def cmd_policy(args: argparse.Namespace) -> int:
     import json
 
-    from specledger.policy import derive_policies, drafter_groups, engine_verdicts, policy_document, render_policy
+    from specledger.analysis.policy import derive_policies, drafter_groups, engine_verdicts, policy_document, render_policy
 
     path, ledger = _load_one(args.ledger)
     if args.workload is not None and args.workload not in {w["name"] for w in ledger.workloads}:
@@ -360,7 +360,7 @@ def _mix_arguments(parser: argparse.ArgumentParser) -> None:
     _mix_arguments,
 )
 def cmd_mix(args: argparse.Namespace) -> int:
-    from specledger.mix import (
+    from specledger.analysis.mix import (
         MixError,
         check_weights,
         default_weights,

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from specledger import compare
+from specledger.analysis import verdict
 from specledger.render import tables
 from specledger.schema import Ledger, load_ledger
 
@@ -107,7 +107,7 @@ def _verdicts(committed: Ledger, fresh: Ledger, not_comparable: str | None) -> l
         if old is None:
             continue
         for arm in committed.arms:
-            result = compare.compare_point(committed, arm["name"], old, point, not_comparable=not_comparable)
+            result = verdict.compare_point(committed, arm["name"], old, point, not_comparable=not_comparable)
             tid = f"{committed.id}-{arm['name']}-{point['workload']}-T{point['temperature']:g}-c{point['concurrency']}"
             outcomes.append(result.outcome)
             print(f"{result.outcome.upper():>15} " + result.message(tid).replace("\n", "\n" + " " * 16))

@@ -35,7 +35,7 @@ import numpy as np
 
 from specledger import __version__, counters, stats
 from specledger.schema import Ledger, protocol_over_defaults
-from specledger.theory import sessions as sessions_at
+from specledger.analysis.theory import sessions as sessions_at
 from specledger.workloads import load_workload, resolve_fixture
 
 Progress = Callable[[str], None]

@@ -236,7 +236,7 @@ def check_point(session: Any, point: LedgerPoint, item: pytest.Item | None = Non
     if reason:
         pytest.skip(reason)
     committed = point.ledger.find_point(*point.key)
-    from specledger import compare  # scipy: imported once a ledger point runs, not when pytest loads the plugin
+    from specledger.analysis import verdict  # scipy: imported once a ledger point runs, not when pytest loads the plugin
     from specledger.server_metrics import EndpointError
     from specledger.trust import UntrustedLedger
 
@@ -252,12 +252,12 @@ def check_point(session: Any, point: LedgerPoint, item: pytest.Item | None = Non
             session.store(point.ledger, measured)
         except FileExistsError as exc:  # two ledgers of one file name into one --ledger-out folder
             pytest.fail(f"{point.test_id}: not recorded: {exc}", pytrace=False)
-        bar = compare.policy_bar(point.ledger, point.arm, measured.point) \
+        bar = verdict.policy_bar(point.ledger, point.arm, measured.point) \
             if point.ledger.arm(point.arm)["role"] == "policy" else None
         if bar is not None and not bar.ok:  # recorded as measured, but the schedule does not hold up
             pytest.fail(f"{point.test_id}: recorded; the policy arm misses its bar\n  {bar.line()}", pytrace=False)
         return
-    result = compare.compare_point(point.ledger, point.arm, committed, measured.point,
+    result = verdict.compare_point(point.ledger, point.arm, committed, measured.point,
                                    not_comparable=session.not_comparable(point.ledger, point.key))
     session.results.append((point.test_id, result))
     if item is not None:

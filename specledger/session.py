@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specledger import compare, engines, fingerprint, measure
+from specledger import engines, fingerprint, measure
+from specledger.analysis import verdict
 from specledger.errors import SpecledgerError
 from specledger.render.tables import config_differences
 from specledger.schema import SCHEMA_VERSION, Ledger, remove_stale_temporaries, write_ledger
@@ -203,7 +204,7 @@ class SuiteSession:
             return None
 
         def unsettled(point: dict[str, Any], _: int) -> bool:
-            return any(compare.compare_point(ledger, a["name"], committed, point).outcome == "inconclusive"
+            return any(verdict.compare_point(ledger, a["name"], committed, point).outcome == "inconclusive"
                        for a in ledger.arms if a["name"] in point["arms"] and a["name"] in committed["arms"])
 
         return unsettled

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from specledger import stats
-from specledger.audit import Finding, at_least, audit_ledger, audit_paths
+from specledger.analysis.audit import Finding, at_least, audit_ledger, audit_paths
 from specledger.figures import decimals_of, ratio_interval, rounds_to
 from specledger.schema import Ledger, load_ledger, parse_ledger
 

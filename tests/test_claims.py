@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specledger.claims import (
+from specledger.analysis.claims import (
     METRICS,
     Claim,
     CrossingStatement,
@@ -417,7 +417,7 @@ def test_summary_line_counts(ledgers, tmp_path):
 def test_ci_bounds_and_means_of_v3_points_are_claims(tmp_path):
     """`.low`/`.high` check a v3 multiplier's stored 95% CI; `.mean` the mean window throughput; a
     point without a CI (older protocols) leaves the claim unresolved, not silently held."""
-    from specledger.claims import LedgerSet, audit_report
+    from specledger.analysis.claims import LedgerSet, audit_report
 
     report = tmp_path / "r.md"
     report.write_text(

@@ -13,10 +13,11 @@ from specledger.errors import SpecledgerError
 
 
 def _error_classes() -> list[type[BaseException]]:
-    """The exception classes each specledger module defines, private ones included (none imports vLLM at load)."""
+    """The exception classes each specledger module defines, sub-packages (analysis/, models/, render/) included,
+    private ones too (none imports vLLM at load)."""
     found = []
-    for info in pkgutil.iter_modules(specledger.__path__):
-        module = importlib.import_module(f"specledger.{info.name}")
+    for info in pkgutil.walk_packages(specledger.__path__, "specledger."):
+        module = importlib.import_module(info.name)
         found += [cls for _, cls in inspect.getmembers(module, inspect.isclass)
                   if issubclass(cls, BaseException) and cls.__module__ == module.__name__]
     return found

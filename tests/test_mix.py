@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specledger import theory
+from specledger.analysis import theory
 from specledger.cli import main
-from specledger.mix import (
+from specledger.analysis.mix import (
     MixError,
     check_weights,
     fleet_crossing,

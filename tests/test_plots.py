@@ -10,7 +10,7 @@ import pytest
 from matplotlib.collections import LineCollection, PathCollection
 from matplotlib.figure import Figure
 
-from specledger import theory
+from specledger.analysis import theory
 from specledger.cli import main
 from specledger.render.plots import (
     NothingToPlot,

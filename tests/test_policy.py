@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specledger.cli import main
-from specledger.policy import (
+from specledger.analysis.policy import (
     Throughput,
     bands_from_choices,
     beats,

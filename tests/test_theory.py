@@ -1,4 +1,4 @@
-"""Properties and worked examples for specledger.theory (pure math, no engine)."""
+"""Properties and worked examples for specledger.analysis.theory (pure math, no engine)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specledger.theory import (
+from specledger.analysis.theory import (
     Crossing,
     alpha_from_acceptance_length,
     critical_concurrency,
@@ -385,7 +385,7 @@ def test_mix_equal_multipliers_and_equal_baselines(mix: tuple[dict, dict, dict],
 
 @given(cv_s=st.floats(0.01, 0.5), cv_b=st.floats(0.01, 0.5), n=st.integers(16, 200))
 def test_rerun_sd_shrinks_as_one_over_root_repeats(cv_s: float, cv_b: float, n: int) -> None:
-    from specledger.theory import rerun_multiplier_sd
+    from specledger.analysis.theory import rerun_multiplier_sd
 
     assert rerun_multiplier_sd(cv_s, cv_b, 4 * n) == pytest.approx(rerun_multiplier_sd(cv_s, cv_b, n) / 2)
     assert rerun_multiplier_sd(cv_s, cv_b, 3) > rerun_multiplier_sd(cv_s, cv_b, 10) > rerun_multiplier_sd(cv_s, cv_b, n)
@@ -393,7 +393,7 @@ def test_rerun_sd_shrinks_as_one_over_root_repeats(cv_s: float, cv_b: float, n: 
 
 @given(cv_s=st.floats(0.01, 0.5), cv_b=st.floats(0.01, 0.5), tol=st.floats(0.02, 0.5))
 def test_repeats_for_tolerance_is_the_fewest_that_reach_two_sds(cv_s: float, cv_b: float, tol: float) -> None:
-    from specledger.theory import repeats_for_tolerance, rerun_multiplier_sd
+    from specledger.analysis.theory import repeats_for_tolerance, rerun_multiplier_sd
 
     n = repeats_for_tolerance(cv_s, cv_b, tol)
     assert 2 * rerun_multiplier_sd(cv_s, cv_b, n) <= math.log1p(tol)
@@ -405,7 +405,7 @@ def test_predicted_pass_rate_matches_a_simulated_rerun() -> None:
     import random
     import statistics
 
-    from specledger.theory import rerun_multiplier_sd, within_tolerance_probability
+    from specledger.analysis.theory import rerun_multiplier_sd, within_tolerance_probability
 
     rng = random.Random(7)
     cv, n, tol, trials = 0.12, 3, 0.15, 6000

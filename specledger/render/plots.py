@@ -20,7 +20,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
-from specledger import figures, theory
+from specledger import figures
+from specledger.analysis import theory
 from specledger.errors import SpecledgerError
 from specledger.render.tables import critical_table, points_table
 from specledger.schema import Ledger

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from specledger import compare, counters, load, measure, selection
+from specledger import counters, load, measure, selection
+from specledger.analysis import verdict
 from specledger.render import tables
 from specledger.schema import DEFAULT_PROTOCOL, Ledger, dump_ledger, load_ledger, parse_ledger
 
@@ -343,7 +344,7 @@ def _verify(fresh_base, fresh_spec, *, length=3.0, not_comparable=None, committe
     committed = _v3_point([100, 104, 96, 102, 98, 101], [150, 156, 144, 153, 147, 151])
     committed["protocol_version"] = committed_version
     fresh = _v3_point(fresh_base, fresh_spec, length)
-    return compare.compare_point(ledger, "spec", committed, fresh, not_comparable=not_comparable)
+    return verdict.compare_point(ledger, "spec", committed, fresh, not_comparable=not_comparable)
 
 
 def test_a_reproduced_multiplier_holds():
@@ -379,13 +380,13 @@ def test_acceptance_lengths_of_different_tokens_are_shown_not_asserted():
     committed = _v3_point([100, 104, 96], [150, 156, 144])
     fresh = copy.deepcopy(committed)
     fresh["arms"]["spec"]["acceptance"].update({"from": "pass", "requests": 43, "acceptance_length": 2.0})
-    result = compare.compare_point(ledger, "spec", committed, fresh)
+    result = verdict.compare_point(ledger, "spec", committed, fresh)
     assert [c.metric for c in result.checks] == [] and result.outcome != "failed"
     assert any("not asserted: committed from the windows, measured from the pass" in n for n in result.notes)
     committed["arms"]["spec"]["acceptance"].update({"from": "pass", "requests": 40})
-    assert "covered 40 prompts, this one 43" in compare.compare_point(ledger, "spec", committed, fresh).message("t")
+    assert "covered 40 prompts, this one 43" in verdict.compare_point(ledger, "spec", committed, fresh).message("t")
     committed["arms"]["spec"]["acceptance"]["requests"] = 43  # the same pass: asserted, and 2.0 is out
-    assert compare.compare_point(ledger, "spec", committed, fresh).outcome == "failed"
+    assert verdict.compare_point(ledger, "spec", committed, fresh).outcome == "failed"
 
 
 def test_a_committed_burst_point_is_not_comparable_with_a_steady_state_run():
@@ -398,7 +399,7 @@ def test_compare_fails_when_no_drafts_were_counted():
     committed = _v3_point([100, 104, 96], [150, 156, 144])
     fresh = _v3_point([100, 104, 96], [150, 156, 144])
     del fresh["arms"]["spec"]["acceptance"]
-    result = compare.compare_point(ledger, "spec", committed, fresh)
+    result = verdict.compare_point(ledger, "spec", committed, fresh)
     assert not result.ok and "no drafts were counted" in result.message("t")
 
 
@@ -418,10 +419,10 @@ def _policy_point(base: float, ngram: float, policy: float, ngram_range: float =
 def test_policy_arm_passes_within_both_repeat_ranges():
     ledger = load_ledger(POLICY)
     # policy 28.0 (no range) against ngram 30.0 [29.0..31.0]: worse by exactly ngram's range
-    bar = compare.policy_bar(ledger, "policy-ngram", _policy_point(20.0, 30.0, 28.0, ngram_range=2.0))
+    bar = verdict.policy_bar(ledger, "policy-ngram", _policy_point(20.0, 30.0, 28.0, ngram_range=2.0))
     assert bar is not None and bar.ok and bar.low == pytest.approx(28.0)
     assert "ngram (best fixed) median 30.000" in bar.line()
-    bar = compare.policy_bar(ledger, "policy-ngram", _policy_point(20.0, 30.0, 27.9, ngram_range=2.0))
+    bar = verdict.policy_bar(ledger, "policy-ngram", _policy_point(20.0, 30.0, 27.9, ngram_range=2.0))
     assert bar is not None and not bar.ok
 
 
@@ -432,7 +433,7 @@ def test_policy_arm_running_the_same_k_as_the_best_arm_passes():
     point = _policy_point(29.4, 44.8, 43.8)
     point["arms"]["ngram"]["output_tokens_per_s"].update(min=44.4, max=45.3)
     point["arms"]["policy-ngram"]["output_tokens_per_s"].update(min=42.7, max=44.2)
-    bar = compare.policy_bar(ledger, "policy-ngram", point)
+    bar = verdict.policy_bar(ledger, "policy-ngram", point)
     assert bar is not None and bar.ok
     assert bar.low == pytest.approx(44.8 - 0.9 - 1.5)
 
@@ -454,7 +455,7 @@ def test_policy_bar_holds_wherever_the_derivation_saw_overlapping_ranges(best, p
     for name, values in (("ngram", best), ("policy-ngram", policy)):
         point["arms"][name]["output_tokens_per_s"] = {
             "median": statistics.median(values), "min": min(values), "max": max(values), "repeats": values}
-    bar = compare.policy_bar(ledger, "policy-ngram", point)
+    bar = verdict.policy_bar(ledger, "policy-ngram", point)
     assert bar is not None and "ngram" in bar.reference
     assert bar.measured >= bar.low - 1e-9  # float rounding of the sum only
 
@@ -464,10 +465,10 @@ def test_policy_arm_below_the_best_fixed_arm_fails():
     # the first CPU attempt at c=2: k=0 from batch size 2 against ngram k=4
     point = _policy_point(24.8, 36.1, 22.9, ngram_range=7.1)
     point["arms"]["policy-ngram"]["output_tokens_per_s"].update(min=20.5, max=23.1)
-    bar = compare.policy_bar(ledger, "policy-ngram", point)
+    bar = verdict.policy_bar(ledger, "policy-ngram", point)
     assert bar is not None and not bar.ok and "OUT OF TOLERANCE" in bar.line()
     # where the baseline is the best choice, the bar follows the baseline
-    bar = compare.policy_bar(ledger, "policy-ngram", _policy_point(40.0, 30.0, 40.0))
+    bar = verdict.policy_bar(ledger, "policy-ngram", _policy_point(40.0, 30.0, 40.0))
     assert bar.ok and "baseline (best fixed)" in bar.line()
 
 

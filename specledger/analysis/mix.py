@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from specledger import theory
+from specledger.analysis import theory
 from specledger.errors import SpecledgerError
 from specledger.render.tables import points_table
 from specledger.schema import Ledger

@@ -26,7 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from specledger import figures, stats, theory
+from specledger import figures, stats
+from specledger.analysis import theory
 from specledger.figures import (
     decimals_of,
     decimals_word,

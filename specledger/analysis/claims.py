@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from specledger import figures, theory
+from specledger import figures
+from specledger.analysis import theory
 from specledger.errors import SpecledgerError
 from specledger.figures import decimals_of, decimals_word, rounds_to
 from specledger.schema import (
