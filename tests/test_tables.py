@@ -107,3 +107,19 @@ def test_points_table_carries_the_recorded_cis():
     df = points_table([parse_ledger(json.dumps(data), "x.json")])
     assert list(df["multiplier_ci95"]) == [(1.61, 2.02), None, None]
     assert list(df["multiplier_vs_matched_ci95"]) == [(1.7, 2.1), None, None]
+
+
+def test_critical_table_says_what_the_cis_establish():
+    """Point estimates 1.8, 1.3, 0.8 interpolate to a crossing between 4 and 16; with c=16's CI straddling
+    1.0 the intervals establish no loss, and the table must say so rather than only the crossing."""
+    data = json.loads((Path(__file__).parent / "data" / "measured-small.json").read_text())
+    cis = [[1.6, 2.0], [1.1, 1.5], [0.7, 1.02]]
+    for point, ci in zip(data["points"], cis, strict=True):
+        point["arms"]["eagle"]["multiplier_ci95"] = ci
+    row = critical_table([parse_ledger(json.dumps(data), "x.json")]).iloc[0]
+    assert row["critical_concurrency"] == "9.19 (between 4 and 16)"
+    assert row["loss_bracket_ci95"] is None and row["critical_ci95"] == "no interval wholly below 1 within c=1..16"
+    data["points"][2]["arms"]["eagle"]["multiplier_ci95"] = [0.7, 0.9]
+    row = critical_table([parse_ledger(json.dumps(data), "x.json")]).iloc[0]
+    assert row["loss_bracket_ci95"] == (4, 16) and row["critical_ci95"] == "between c=4 and c=16"
+    assert critical_table([SMALL]).iloc[0]["critical_ci95"] is None  # no CIs: nothing claimed

@@ -12,6 +12,7 @@ from specledger.analysis.theory import (
     Crossing,
     alpha_from_acceptance_length,
     critical_concurrency,
+    describe_loss_bracket,
     expected_tokens_per_step,
     loss_bracket,
     mix_multiplier,
@@ -449,3 +450,12 @@ def test_loss_bracket_brackets_the_interpolated_crossing(points):
     if crossing.kind == "crosses":
         assert crossing.value <= loss
     assert win is None or win < loss
+
+
+@pytest.mark.parametrize("bracket, expected", [
+    (None, "no interval wholly below 1 within c=1..64"),
+    ((None, 1), "below 1 from c=1 (no interval wholly above before it)"),
+    ((4, 8), "between c=4 and c=8"),
+])
+def test_describe_loss_bracket(bracket, expected):
+    assert describe_loss_bracket(bracket, [1, 8, 64, 4]) == expected

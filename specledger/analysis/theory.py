@@ -283,6 +283,23 @@ def loss_bracket(
     return None
 
 
+def describe_loss_bracket(bracket: tuple[int | None, int] | None, measured: Sequence[int],
+                          threshold: float = 1.0) -> str:
+    """`loss_bracket`'s answer in words, for tables beside `Crossing.describe` (the point estimates' crossing).
+
+    Why both: interpolating point estimates always names a crossing once a point falls below the threshold,
+    even when that point's interval straddles it; this line says what the intervals establish.
+    """
+    thr = _real("threshold", threshold)
+    within = f"c={min(measured)}..{max(measured)}" if measured else "the measured range"
+    if bracket is None:
+        return f"no interval wholly below {thr:g} within {within}"
+    last_win, first_loss = bracket
+    if last_win is None:
+        return f"below {thr:g} from c={first_loss} (no interval wholly above before it)"
+    return f"between c={last_win} and c={first_loss}"
+
+
 # --------------------------------------------------------------------------------------------
 # capacity and fleet mix
 # --------------------------------------------------------------------------------------------

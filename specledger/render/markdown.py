@@ -260,12 +260,17 @@ def _critical(ledger: Ledger) -> str:
             temperature_label(row["temperature"]),
             ", ".join(str(c) for c in row["concurrencies"]),
             row["critical_concurrency"],
+            row["critical_ci95"] or "-",
         ]
         for _, row in df.iterrows()
     ]
     return markdown_table(
-        ["arm", "workload", "T", "concurrencies", "multiplier first below 1.0"], rows, right=[False, False, True]
-    )
+        ["arm", "workload", "T", "concurrencies", "multiplier first below 1.0", "first loss at 95% confidence"],
+        rows,
+        right=[False, False, True],
+    ) + ("\n\nThe first column interpolates the point estimates; the second says what the points' 95% CIs "
+         "establish: between the last concurrency whose interval lies wholly above 1.0 and the first whose "
+         "interval lies wholly below ('-': a point without a CI).")
 
 
 def _plots(ledger: Ledger, plots_dir: Path, report_dir: Path) -> list[str]:

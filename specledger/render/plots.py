@@ -193,15 +193,6 @@ def _plain_log_y(ax: Axes, low: float, high: float) -> None:
     ax.yaxis.set_minor_formatter(plain if high < 10 * low else NullFormatter())
 
 
-def _ci_bracket(spreads: dict[int, tuple[float, float, str] | None]) -> tuple[int | None, int] | None:
-    """`theory.loss_bracket` over the points' 95% CIs (None unless every point has one)."""
-    cis = {c: s for c, s in spreads.items() if s is not None and s[2] == figures.CI_BAR}
-    if not cis or len(cis) != len(spreads):
-        return None
-    cs = sorted(cis)
-    return theory.loss_bracket(cs, [cis[c][0] for c in cs], [cis[c][1] for c in cs])
-
-
 def _crossing_text(kind: str, value: float, row: pd.Series) -> str:
     if kind == "crosses":
         low, high = row["between"]
@@ -264,10 +255,10 @@ def multiplier_figure(ledger: Ledger) -> Figure:
             xs = [int(c) for c in group["concurrency"]]
             ys = [float(m) for m in group["multiplier"]]
             spreads = {c: figures.multiplier_bar(p, arm, base) if (p := ledger.find_point(workload, temperature, c))
-                       else None for c in xs}  # one per point: the bars and the legend's bracket
+                       else None for c in xs}  # one bar per point
             if row is not None:
                 label += ": " + _crossing_text(row["kind"], row["value"], row)
-                bracket = _ci_bracket(spreads)
+                bracket = row["loss_bracket_ci95"]
                 if row["kind"] == "crosses" and bracket is not None:
                     label += f"; with the CIs between {bracket[0] or 'below ' + str(xs[0])} and {bracket[1]}"
                 first_loss = next((c for c, m in zip(xs, ys, strict=True) if m < 1.0), None)

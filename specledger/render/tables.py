@@ -51,6 +51,8 @@ CRITICAL_COLUMNS = [
     "value",
     "between",
     "critical_concurrency",
+    "loss_bracket_ci95",
+    "critical_ci95",
 ]
 
 _NAN = math.nan
@@ -121,22 +123,34 @@ def critical_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
     """One row per (ledger, arm, workload, temperature) with a multiplier at >= 1 known concurrency.
 
     The crossing comes from `theory.critical_concurrency` (points with null concurrency are
-    skipped); `critical_concurrency` is its one-line description.
+    skipped); `critical_concurrency` is its one-line description. Where every point of the curve
+    states its multiplier's 95% CI (protocol v3), `loss_bracket_ci95` is `theory.loss_bracket` over
+    them and `critical_ci95` its description: what the intervals establish about the first loss,
+    which the interpolated point estimate alone overstates. Both are None without CIs.
     """
     rows: list[dict[str, Any]] = []
     for ledger in ledgers:
         for arm in ledger.speculative_arms():
             name = arm["name"]
-            curves: dict[tuple[str, float | None], list[tuple[int, float]]] = {}
+            base = ledger.baseline_arm_for(name)
+            curves: dict[tuple[str, float | None], list[tuple[int, float, Any]]] = {}
             for point in ledger.points:
                 multiplier = figures.multiplier(ledger, point, name)
                 if point["concurrency"] is None or multiplier is None:
                     continue
                 workload, temperature, concurrency = Ledger.point_key(point)
-                curves.setdefault((workload, temperature), []).append((concurrency, multiplier))
+                bar = figures.multiplier_bar(point, name, base)
+                ci95 = bar[:2] if bar is not None and bar[2] == figures.CI_BAR else None
+                curves.setdefault((workload, temperature), []).append((concurrency, multiplier, ci95))
             for (workload, temperature), curve in curves.items():
-                curve.sort()
-                crossing = theory.critical_concurrency([c for c, _ in curve], [m for _, m in curve])
+                curve.sort(key=lambda entry: entry[0])
+                concurrencies = [c for c, _, _ in curve]
+                crossing = theory.critical_concurrency(concurrencies, [m for _, m, _ in curve])
+                bracket, described = None, None
+                if all(ci is not None for _, _, ci in curve):
+                    bracket = theory.loss_bracket(concurrencies, [ci[0] for _, _, ci in curve],
+                                                  [ci[1] for _, _, ci in curve])
+                    described = theory.describe_loss_bracket(bracket, concurrencies)
                 rows.append(
                     {
                         "ledger": ledger.id,
@@ -144,11 +158,13 @@ def critical_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
                         "arm": name,
                         "workload": workload,
                         "temperature": _number(temperature),
-                        "concurrencies": tuple(c for c, _ in curve),
+                        "concurrencies": tuple(concurrencies),
                         "kind": crossing.kind,
                         "value": _number(crossing.value),
                         "between": crossing.between,
                         "critical_concurrency": crossing.describe(),
+                        "loss_bracket_ci95": bracket,
+                        "critical_ci95": described,
                     }
                 )
     df = pd.DataFrame(rows, columns=CRITICAL_COLUMNS)
