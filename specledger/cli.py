@@ -252,7 +252,13 @@ def _policy_arguments(parser: argparse.ArgumentParser) -> None:
 def cmd_policy(args: argparse.Namespace) -> int:
     import json
 
-    from specledger.analysis.policy import derive_policies, drafter_groups, engine_verdicts, policy_document, render_policy
+    from specledger.analysis.policy import (
+        derive_policies,
+        drafter_groups,
+        engine_verdicts,
+        policy_document,
+        render_policy,
+    )
 
     path, ledger = _load_one(args.ledger)
     if args.workload is not None and args.workload not in {w["name"] for w in ledger.workloads}:

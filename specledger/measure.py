@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from specledger import __version__, counters, stats
-from specledger.schema import Ledger, protocol_over_defaults
 from specledger.analysis.theory import sessions as sessions_at
+from specledger.schema import Ledger, protocol_over_defaults
 from specledger.workloads import load_workload, resolve_fixture
 
 Progress = Callable[[str], None]

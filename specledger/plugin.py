@@ -236,7 +236,8 @@ def check_point(session: Any, point: LedgerPoint, item: pytest.Item | None = Non
     if reason:
         pytest.skip(reason)
     committed = point.ledger.find_point(*point.key)
-    from specledger.analysis import verdict  # scipy: imported once a ledger point runs, not when pytest loads the plugin
+    # scipy: imported once a ledger point runs, not when pytest loads the plugin
+    from specledger.analysis import verdict
     from specledger.server_metrics import EndpointError
     from specledger.trust import UntrustedLedger
 

@@ -798,7 +798,7 @@ def _gpu_memory_problems(data: dict[str, Any], file: str) -> list[Problem]:
     if total <= MAX_SUMMED_GPU_MEMORY_UTILIZATION + 1e-9:
         return []
     where = ["engine_args", "gpu_memory_utilization"] if "gpu_memory_utilization" in shared else ["arms"]
-    listed = ", ".join(f"{arm['name']} {f:g}" for arm, f in zip(arms, fractions))
+    listed = ", ".join(f"{arm['name']} {f:g}" for arm, f in zip(arms, fractions, strict=True))
     return [Problem(file, json_path(where),
                     f"the {len(arms)} arms run side by side on each GPU, and their gpu_memory_utilization adds "
                     f"up to {total:.2f} ({listed}); vLLM reserves each engine's fraction of the whole GPU, so "

@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specledger.analysis import theory
-from specledger.cli import main
 from specledger.analysis.mix import (
     MixError,
     check_weights,
@@ -20,6 +19,7 @@ from specledger.analysis.mix import (
     parse_weights,
     render_fleet,
 )
+from specledger.cli import main
 from specledger.schema import Ledger, load_ledger, parse_ledger
 
 ROOT = Path(__file__).resolve().parents[1]

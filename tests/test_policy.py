@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specledger.cli import main
 from specledger.analysis.policy import (
     Throughput,
     bands_from_choices,
@@ -22,6 +21,7 @@ from specledger.analysis.policy import (
     render_policy,
     schedule_support,
 )
+from specledger.cli import main
 from specledger.schema import load_ledger, parse_ledger
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -538,7 +538,8 @@ def render_policy(policy: Policy, engines: Sequence[tuple[str, Support]] = ()) -
              f"vs {policy.baseline} ==", "", "Measured (output tok/s, median [min..max]) and choice per concurrency:"]
     lines += [f"  {_side(policy, ch)}" for ch in policy.choices]
     c_max = policy.bands[-1].end
-    lines += ["", "Schedule (batch size -> k; bands bounded by the sweep, see the boundary rule in specledger.analysis.policy):"]
+    lines += ["", "Schedule (batch size -> k; bands bounded by the sweep, see the boundary rule in "
+                  "specledger.analysis.policy):"]
     for band in policy.bands:
         notes = [f"measured at c={','.join(map(str, band.measured))}"]
         if band.extrapolated_below:
