@@ -43,13 +43,21 @@ def _planned(tmp_path: Path) -> Path:
     return path
 
 
+def _ctrl_c_as_at_a_terminal() -> None:
+    """In the child before exec: SIGINT back to its default, so Python turns it into KeyboardInterrupt as it does
+    at a terminal. A suite started in the background (`nohup tox &`) inherits SIGINT ignored, and the recording
+    would then not see the Ctrl-C this test sends (it did not, in a rehearsal started that way)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _record(ledger: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "pytest", "tests/test_ledgers.py", "-m", "engine", "-p", "no:cacheprovider", "-s",
          "-o", "addopts=", "--ledger", str(ledger), "--ledger-points", POINT, "--ledger-record",
          "--ledger-force-busy", *extra],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})  # a pipe is block-buffered: the marker would come at the end
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},  # a pipe is block-buffered: the marker would come at the end
+        preexec_fn=_ctrl_c_as_at_a_terminal)
 
 
 def _wait_for(proc: subprocess.Popen[str], marker: str, timeout_s: float = 600) -> list[str]:
