@@ -376,9 +376,8 @@ def is_gpu_ledger(data: Mapping[str, Any]) -> bool:
         return accelerator.get("kind") == "cuda"
     if data.get("status") != "planned":
         return False
-    arms = data.get("arms")
-    args = [data.get("engine_args")] + [a.get("engine_args") for a in arms if isinstance(a, dict)] \
-        if isinstance(arms, list) else [data.get("engine_args")]
+    arms = data.get("arms") if isinstance(data.get("arms"), list) else []
+    args = [data.get("engine_args"), *(a.get("engine_args") for a in arms if isinstance(a, dict))]
     return any(str(a.get("device", "")).lower() == "cuda" for a in args if isinstance(a, dict))
 
 

@@ -204,9 +204,12 @@ class _Dequant:
     hf: str
     suffix: str
     chunks: list[tuple[int, int]]
-    remaining: int
+    remaining: int = field(init=False)  # chunks not yet written; counts down to the one that finishes
     buffer: Any = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.remaining = len(self.chunks)
 
 
 def dequantize_state(
@@ -279,7 +282,7 @@ def dequantize_state(
     for t in reader.tensors:
         hf, suffix = names(t)
         chunks = tensor_row_chunks(t, chunk_elements)
-        jobs.append(_Dequant(t, hf, suffix, chunks, len(chunks)))
+        jobs.append(_Dequant(t, hf, suffix, chunks))
 
     state: dict[str, Any] = {}
     t0 = last = time.monotonic()
