@@ -123,3 +123,20 @@ def test_critical_table_says_what_the_cis_establish():
     row = critical_table([parse_ledger(json.dumps(data), "x.json")]).iloc[0]
     assert row["loss_bracket_ci95"] == (4, 16) and row["critical_ci95"] == "between c=4 and c=16"
     assert critical_table([SMALL]).iloc[0]["critical_ci95"] is None  # no CIs: nothing claimed
+
+
+def test_critical_table_says_where_a_dip_recovers():
+    """A curve below 1.0 at c=4 and back above at c=16 (the H200 Qwen copy curves do this at c=64) must not
+    read as a loss from c=4 on: both the point-estimate column and the CI column name the recovery."""
+    data = json.loads((Path(__file__).parent / "data" / "measured-small.json").read_text())
+    for point, median, ci in zip(data["points"], [180.0, 240.0, 960.0], [[1.6, 2.0], [0.7, 0.9], [1.1, 1.3]],
+                                 strict=True):
+        eagle = point["arms"]["eagle"]
+        base = point["arms"]["baseline"]["output_tokens_per_s"]["median"]
+        eagle["output_tokens_per_s"] = {"repeats": [median - 5, median, median + 5], "median": median,
+                                        "min": median - 5, "max": median + 5}
+        eagle.update(multiplier=round(median / base, 3), multiplier_ci95=ci)
+    row = critical_table([parse_ledger(json.dumps(data), "x.json")]).iloc[0]
+    assert row["above_again_at"] == (16,) and row["wins_after_loss_ci95"] == (16,)
+    assert row["critical_concurrency"].endswith("(between 1 and 4); at or above 1.0 again at c=16")
+    assert row["critical_ci95"] == "between c=1 and c=4; wholly above 1 again at c=16"

@@ -18,6 +18,7 @@ from specledger.analysis.theory import (
     mix_multiplier,
     sessions,
     speedup,
+    wins_after_loss,
 )
 
 # deadline=None per test (not a global profile: other modules share the session); a loaded
@@ -191,13 +192,22 @@ def test_critical_concurrency_stays_above() -> None:
 def test_critical_concurrency_starts_below() -> None:
     # even though it later rises above and falls again, the first point decides
     r = critical_concurrency(CS, [0.9, 1.1, 1.2, 0.8, 0.6, 0.3])
-    assert r == Crossing("starts-below", None, None, 1.0, (1, 64))
-    assert r.describe() == "below 1.0 from c=1 (no crossing within c=1..64)"
+    assert r == Crossing("starts-below", None, None, 1.0, (1, 64), above_again_at=(2, 4))
+    assert r.describe() == "below 1.0 from c=1 (no crossing within c=1..64); at or above 1.0 again at c=2, 4"
+    assert critical_concurrency([1, 2], [0.4, 0.5]).describe() == "below 1.0 from c=1 (no crossing within c=1..2)"
 
 
 def test_critical_concurrency_reports_first_crossing_of_a_dip() -> None:
     r = critical_concurrency(CS, [1.5, 0.9, 1.2, 1.3, 0.6, 0.3])
     assert r.kind == "crosses" and r.between == (1, 2)
+    assert r.above_again_at == (4, 8)  # the recovery is reported, not hidden behind "first below at 1..2"
+    assert r.describe().endswith("(between 1 and 2); at or above 1.0 again at c=4, 8")
+
+
+def test_critical_concurrency_of_a_curve_that_recovers_at_high_concurrency() -> None:
+    # the H200 Qwen2.5-Coder-1.5B copy curve of ngram-gpu k=4 (2026-12-02): below 1.0 from c=4, 1.41x at c=64
+    r = critical_concurrency([1, 2, 4, 8, 64], [1.305, 1.191, 0.908, 0.675, 1.413])
+    assert (r.kind, r.between, r.above_again_at) == ("crosses", (2, 4), (64,))
 
 
 def test_critical_concurrency_equal_to_threshold_is_not_below() -> None:
@@ -235,6 +245,8 @@ def test_crossing_rejects_inconsistent_fields() -> None:
         Crossing("crosses", None, None)
     with pytest.raises(ValueError):
         Crossing("stays-above", 3.0, (2, 4))
+    with pytest.raises(ValueError, match="no loss to come back from"):
+        Crossing("stays-above", None, None, above_again_at=(8,))
 
 
 multiplier_values = st.one_of(
@@ -271,6 +283,8 @@ def test_critical_concurrency_properties(curve: tuple[list[int], list[float], fl
         assert pts[i + 1][0] == hi  # bracketing points are adjacent measurements
         assert by_c[lo] >= thr > by_c[hi]
         assert all(m >= thr for c, m in pts if c <= lo)  # it is the FIRST crossing
+        # every later point at or above the threshold is reported as a recovery, and only those
+        assert r.above_again_at == tuple(c for c, m in pts if c > hi and m >= thr)
         # Exactly, value lies in [lo, hi) and equals lo only when m_lo sits on the
         # threshold; in floats the fraction can round to 1 (value == hi) or to 0.
         assert lo <= r.value <= hi
@@ -459,3 +473,16 @@ def test_loss_bracket_brackets_the_interpolated_crossing(points):
 ])
 def test_describe_loss_bracket(bracket, expected):
     assert describe_loss_bracket(bracket, [1, 8, 64, 4]) == expected
+
+
+def test_wins_after_loss_is_a_certain_win_past_the_first_certain_loss():
+    # ngram-gpu k=4 on the H200 Qwen copy curve (2026-12-02), the multipliers' 95% CIs
+    cs = [1, 2, 4, 8, 64]
+    lows, highs = [1.216, 1.083, 0.845, 0.572, 1.234], [1.456, 1.304, 0.990, 0.786, 1.554]
+    assert loss_bracket(cs, lows, highs) == (2, 4)
+    assert wins_after_loss(cs, lows, highs) == (64,)
+    assert (describe_loss_bracket((2, 4), cs, wins_after=(64,))
+            == "between c=2 and c=4; wholly above 1 again at c=64")
+    lows[-1] = 0.95  # straddling 1.0 at c=64 is no certain win
+    assert wins_after_loss(cs, lows, highs) == ()
+    assert wins_after_loss([1, 2], [1.1, 1.2], [1.3, 1.4]) == ()  # no certain loss, nothing to come back from

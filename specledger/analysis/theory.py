@@ -179,6 +179,10 @@ class Crossing:
     between: tuple[int, int] | None
     threshold: float = 1.0
     measured_range: tuple[int, int] | None = None
+    above_again_at: tuple[int, ...] = ()
+    """Concurrencies past the first loss whose multiplier is back at or above the threshold. Why: a curve that
+    dips below 1.0 and recovers (continuous batching can make drafts cheap again at high concurrency) must not
+    read as "speculation loses from here on"."""
 
     def __post_init__(self) -> None:
         """Keep value/between consistent with kind so downstream code can trust them."""
@@ -189,6 +193,8 @@ class Crossing:
                 raise ValueError("a 'crosses' result needs both value and between")
         elif self.value is not None or self.between is not None:
             raise ValueError(f"a {self.kind!r} result must have value=None and between=None")
+        if self.kind == "stays-above" and self.above_again_at:
+            raise ValueError("a 'stays-above' result has no loss to come back from")
 
     def _within(self) -> str:
         if self.measured_range is None:
@@ -196,17 +202,22 @@ class Crossing:
         lo, hi = self.measured_range
         return f" within c={lo}..{hi}"
 
+    def _again(self) -> str:
+        if not self.above_again_at:
+            return ""
+        return f"; at or above {self.threshold} again at c={', '.join(str(c) for c in self.above_again_at)}"
+
     def describe(self) -> str:
-        """One human line for reports, e.g. '5.70 (between 4 and 8)'."""
+        """One human line for reports, e.g. '5.70 (between 4 and 8)', with any recovery after the first loss."""
         thr = f"{self.threshold}"
         if self.kind == "crosses":
             assert self.value is not None and self.between is not None
             lo, hi = self.between
-            return f"{self.value:.2f} (between {lo} and {hi})"
+            return f"{self.value:.2f} (between {lo} and {hi}){self._again()}"
         if self.kind == "stays-above":
             return f"does not cross {thr}{self._within()}"
         start = f" from c={self.measured_range[0]}" if self.measured_range is not None else ""
-        return f"below {thr}{start} (no crossing{self._within()})"
+        return f"below {thr}{start} (no crossing{self._within()}){self._again()}"
 
 
 def _curve(concurrencies: Sequence[int], multipliers: Sequence[float]) -> list[tuple[int, float]]:
@@ -243,20 +254,26 @@ def critical_concurrency(
 ) -> Crossing:
     """First concurrency at which the speculative multiplier falls below ``threshold``.
 
-    Beyond this point speculation costs throughput.  Walking up from the lowest
-    concurrency, the first step from m >= threshold to m < threshold is the crossing
-    (a later dip after recovery is not reported: the first loss is what operators hit).
-    A multiplier exactly equal to the threshold is not below it.  Input order is irrelevant.
+    Beyond this point speculation costs throughput, at least for a while.  Walking up from the
+    lowest concurrency, the first step from m >= threshold to m < threshold is the crossing
+    (the first loss is what operators hit); `Crossing.above_again_at` lists the later
+    concurrencies where the curve is back at or above the threshold, so a dip that recovers is
+    never described as a loss from there on.  A multiplier exactly equal to the threshold is not
+    below it.  Input order is irrelevant.
     """
     thr = _real("threshold", threshold)
     points = _curve(concurrencies, multipliers)
     rng = (points[0][0], points[-1][0])
+
+    def again(after: int) -> tuple[int, ...]:
+        return tuple(c for c, m in points if c > after and m >= thr)
+
     if points[0][1] < thr:
-        return Crossing("starts-below", None, None, thr, rng)
+        return Crossing("starts-below", None, None, thr, rng, again(points[0][0]))
     for (c_lo, m_lo), (c_hi, m_hi) in zip(points, points[1:], strict=False):
         if m_lo >= thr > m_hi:
             value = _interpolate_log2(c_lo, m_lo, c_hi, m_hi, thr)
-            return Crossing("crosses", value, (c_lo, c_hi), thr, rng)
+            return Crossing("crosses", value, (c_lo, c_hi), thr, rng, again(c_hi))
     return Crossing("stays-above", None, None, thr, rng)
 
 
@@ -283,21 +300,38 @@ def loss_bracket(
     return None
 
 
+def wins_after_loss(concurrencies: Sequence[int], lows: Sequence[float], highs: Sequence[float],
+                    threshold: float = 1.0) -> tuple[int, ...]:
+    """Concurrencies past the first certain loss (`loss_bracket`) whose interval lies wholly above ``threshold``.
+
+    Why: a curve can fall below 1.0 and come back (at high concurrency the baseline may be bound by per-step
+    overheads that drafts amortise); a certain win after a certain loss is a second crossing, not noise.
+    """
+    bracket = loss_bracket(concurrencies, lows, highs, threshold)
+    if bracket is None:
+        return ()
+    thr = _real("threshold", threshold)
+    return tuple(int(c) for c, low in sorted(zip(concurrencies, lows, strict=True))
+                 if c > bracket[1] and _real(f"lower bound at concurrency {c}", low) > thr)
+
+
 def describe_loss_bracket(bracket: tuple[int | None, int] | None, measured: Sequence[int],
-                          threshold: float = 1.0) -> str:
+                          threshold: float = 1.0, wins_after: Sequence[int] = ()) -> str:
     """`loss_bracket`'s answer in words, for tables beside `Crossing.describe` (the point estimates' crossing).
 
     Why both: interpolating point estimates always names a crossing once a point falls below the threshold,
-    even when that point's interval straddles it; this line says what the intervals establish.
+    even when that point's interval straddles it; this line says what the intervals establish, including
+    any certain win after the first certain loss (`wins_after_loss`).
     """
     thr = _real("threshold", threshold)
     within = f"c={min(measured)}..{max(measured)}" if measured else "the measured range"
     if bracket is None:
         return f"no interval wholly below {thr:g} within {within}"
     last_win, first_loss = bracket
+    again = f"; wholly above {thr:g} again at c={', '.join(str(c) for c in wins_after)}" if wins_after else ""
     if last_win is None:
-        return f"below {thr:g} from c={first_loss} (no interval wholly above before it)"
-    return f"between c={last_win} and c={first_loss}"
+        return f"below {thr:g} from c={first_loss} (no interval wholly above before it){again}"
+    return f"between c={last_win} and c={first_loss}{again}"
 
 
 # --------------------------------------------------------------------------------------------

@@ -270,7 +270,8 @@ def _critical(ledger: Ledger) -> str:
         right=[False, False, True],
     ) + ("\n\nThe first column interpolates the point estimates; the second says what the points' 95% CIs "
          "establish: between the last concurrency whose interval lies wholly above 1.0 and the first whose "
-         "interval lies wholly below ('-': a point without a CI).")
+         "interval lies wholly below ('-': a point without a CI). Both name any concurrency past that loss "
+         "where the curve is back above 1.0.")
 
 
 def _plots(ledger: Ledger, plots_dir: Path, report_dir: Path) -> list[str]:

@@ -261,12 +261,8 @@ def multiplier_figure(ledger: Ledger) -> Figure:
                 bracket = row["loss_bracket_ci95"]
                 if row["kind"] == "crosses" and bracket is not None:
                     label += f"; with the CIs between {bracket[0] or 'below ' + str(xs[0])} and {bracket[1]}"
-                first_loss = next((c for c, m in zip(xs, ys, strict=True) if m < 1.0), None)
-                again = [str(c) for c, m in zip(xs, ys, strict=True)
-                         if first_loss is not None and c > first_loss and m >= 1.0]
-                if again:
-                    # theory reports the first loss only; say where the curve comes back above break-even
-                    label += f" (>= 1.0 again at c={', '.join(again)})"
+                if row["above_again_at"]:  # a dip that recovers: say where the curve is back above break-even
+                    label += f" (>= 1.0 again at c={', '.join(str(c) for c in row['above_again_at'])})"
             ax.plot(
                 xs,
                 ys,

@@ -51,7 +51,9 @@ CRITICAL_COLUMNS = [
     "value",
     "between",
     "critical_concurrency",
+    "above_again_at",
     "loss_bracket_ci95",
+    "wins_after_loss_ci95",
     "critical_ci95",
 ]
 
@@ -126,7 +128,9 @@ def critical_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
     skipped); `critical_concurrency` is its one-line description. Where every point of the curve
     states its multiplier's 95% CI (protocol v3), `loss_bracket_ci95` is `theory.loss_bracket` over
     them and `critical_ci95` its description: what the intervals establish about the first loss,
-    which the interpolated point estimate alone overstates. Both are None without CIs.
+    which the interpolated point estimate alone overstates. `above_again_at` (point estimates) and
+    `wins_after_loss_ci95` (intervals) say where a curve that dipped comes back above 1.0. The CI
+    columns are None without CIs.
     """
     rows: list[dict[str, Any]] = []
     for ledger in ledgers:
@@ -146,11 +150,12 @@ def critical_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
                 curve.sort(key=lambda entry: entry[0])
                 concurrencies = [c for c, _, _ in curve]
                 crossing = theory.critical_concurrency(concurrencies, [m for _, m, _ in curve])
-                bracket, described = None, None
+                bracket, wins_after, described = None, None, None
                 if all(ci is not None for _, _, ci in curve):
-                    bracket = theory.loss_bracket(concurrencies, [ci[0] for _, _, ci in curve],
-                                                  [ci[1] for _, _, ci in curve])
-                    described = theory.describe_loss_bracket(bracket, concurrencies)
+                    lows, highs = [ci[0] for _, _, ci in curve], [ci[1] for _, _, ci in curve]
+                    bracket = theory.loss_bracket(concurrencies, lows, highs)
+                    wins_after = theory.wins_after_loss(concurrencies, lows, highs)
+                    described = theory.describe_loss_bracket(bracket, concurrencies, wins_after=wins_after)
                 rows.append(
                     {
                         "ledger": ledger.id,
@@ -163,7 +168,9 @@ def critical_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
                         "value": _number(crossing.value),
                         "between": crossing.between,
                         "critical_concurrency": crossing.describe(),
+                        "above_again_at": crossing.above_again_at,
                         "loss_bracket_ci95": bracket,
+                        "wins_after_loss_ci95": wins_after,
                         "critical_ci95": described,
                     }
                 )
