@@ -130,6 +130,35 @@ def test_spread_decides(tmp_path, spec, wins):
         assert "not beyond the spread" in render_policy(policy)
 
 
+@pytest.mark.parametrize(("spec", "ci95", "wins"), [
+    ((120.0, 95.0, 140.0), [1.05, 1.31], True),   # repeat ranges overlap, the paired CI does not reach 1.0
+    ((120.0, 106.0, 140.0), [0.98, 1.40], False),  # ranges apart, but the CI of the ratio reaches 1.0
+])
+def test_a_v3_point_is_decided_by_the_multipliers_ci(tmp_path, spec, ci95, wins):
+    """Protocol v3 states the multiplier's 95% CI (paired bootstrap); where it does, it decides, not min..max."""
+    data = ledger_data([4], {1: {"baseline": (100.0, 95.0, 105.0), "ngram-k4": spec}})
+    data["schema_version"] = 2  # the version with the v3 protocol's CI fields
+    data["points"][0]["arms"]["ngram-k4"]["multiplier_ci95"] = ci95
+    (policy,) = derive_policies(load_ledger(write(tmp_path, data)))
+    assert policy.choices[0].k == (4 if wins else 0)
+    text = render_policy(policy)
+    assert (f"95% CI {ci95[0]:.3f}..{ci95[1]:.3f} > 1" if wins else f"95% CI ({ci95[0]:.3f}..{ci95[1]:.3f}) reaches 1.0") in text
+    assert policy_document(policy)["choices"][0]["output_tokens_per_s"]["ngram-k4"]["multiplier_ci95"] == ci95
+
+
+def test_a_dip_gives_a_k0_band_between_two_speculative_bands(tmp_path):
+    """The H200 Qwen ngram-gpu copy curve's shape (CIs wholly above 1 at c=1, 2 and 64, wholly below at 4 and 8):
+    the schedule drafts at both ends and not in the middle, rather than switching off for good at the first loss."""
+    cis = {1: [1.216, 1.456], 2: [1.083, 1.304], 4: [0.845, 0.990], 8: [0.572, 0.786], 64: [1.234, 1.554]}
+    data = ledger_data([4], {c: {"baseline": tight(100.0 * c), "ngram-k4": tight(100.0 * c * sum(ci) / 2)}
+                             for c, ci in cis.items()})
+    data["schema_version"] = 2  # the version with the v3 protocol's CI fields
+    for point in data["points"]:
+        point["arms"]["ngram-k4"]["multiplier_ci95"] = cis[point["concurrency"]]
+    (policy,) = derive_policies(load_ledger(write(tmp_path, data)))
+    assert policy.schedule() == [[1, 2, 4], [3, 22, 0], [23, 64, 4]]
+
+
 def test_without_min_max_the_median_is_the_range():
     assert beats(Throughput(101, 101, 101), Throughput(100, 100, 100))
     assert Throughput.of({"output_tokens_per_s": {"median": 7.0}}) == Throughput(7.0, 7.0, 7.0)

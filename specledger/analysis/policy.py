@@ -9,12 +9,15 @@ endpoint, which to a plain one). Pure: no vLLM import, no engine.
 
 The rules, so that a schedule can be re-derived by hand:
 
-* **Win rule.** A speculative arm beats the baseline at a point only if its repeat range lies
-  wholly above the baseline's: ``arm.min > baseline.max``. Ledger repeats are few and short
-  and the run-to-run noise is of the size of the effects (see the H200 ledgers' notes), so a
-  median win inside the other arm's range is not evidence; without min/max (one repeat,
-  reference figures) the range is the median alone. Among arms that win, the highest median
-  is chosen (a tie goes to the smaller k: less drafting). No winner: k = 0.
+* **Win rule.** A speculative arm beats the baseline at a point only if the noise cannot explain
+  the win. Where the point states the multiplier's 95% CI (protocol v3: paired bootstrap of the
+  ratio of medians), that CI must lie wholly above 1.0. Without it (protocol v1/v2, reference
+  figures) the arm's repeat range must lie wholly above the baseline's, ``arm.min > baseline.max``;
+  without min/max (one repeat) the range is the median alone. The range rule is the stricter of
+  the two and was the only one before v3: on the H200 Qwen curve it called ngram-gpu's c=2 point
+  (1.191x, CI 1.083..1.304) a loss because one baseline window out of ten was fast. Among arms
+  that win, the highest median is chosen (a tie goes to the smaller k: less drafting). No
+  winner: k = 0.
 * **Boundary rule.** Between two consecutive measured concurrencies a < b with different
   choices, a's band ends at ``floor(sqrt(a * b))``, the geometric midpoint: sweeps are spaced
   in powers of two and crossings are interpolated in log2(concurrency) elsewhere
@@ -72,11 +75,13 @@ _K_KEYS = ("num_speculative_tokens", "num_speculative_tokens_per_batch_size")
 
 @dataclass(frozen=True)
 class Throughput:
-    """Output tokens/s of one arm at one point: the median and the repeat range."""
+    """Output tokens/s of one arm at one point: the median and the repeat range, and for a speculative arm of
+    a v3 point the 95% CI of its multiplier over the baseline (what the win rule uses when present)."""
 
     median: float
     low: float
     high: float
+    multiplier_ci95: tuple[float, float] | None = None
 
     @classmethod
     def of(cls, result: Mapping[str, Any]) -> Throughput | None:
@@ -85,7 +90,9 @@ class Throughput:
         if not isinstance(tps, Mapping) or "median" not in tps:
             return None
         median = float(tps["median"])
-        return cls(median, float(tps.get("min", median)), float(tps.get("max", median)))
+        ci = result.get("multiplier_ci95")
+        ci95 = (float(ci[0]), float(ci[1])) if isinstance(ci, Sequence) and len(ci) == 2 else None
+        return cls(median, float(tps.get("min", median)), float(tps.get("max", median)), ci95)
 
     def describe(self) -> str:
         if self.low == self.high == self.median:
@@ -94,7 +101,10 @@ class Throughput:
 
 
 def beats(candidate: Throughput, baseline: Throughput) -> bool:
-    """The win rule: the candidate's slowest repeat is faster than the baseline's fastest."""
+    """The win rule: the multiplier's 95% CI lies wholly above 1.0 (v3), else the candidate's slowest repeat
+    is faster than the baseline's fastest."""
+    if candidate.multiplier_ci95 is not None:
+        return candidate.multiplier_ci95[0] > 1.0
     return candidate.low > baseline.high
 
 
@@ -119,12 +129,19 @@ class Choice:
         base = self.baseline
         if self.arm is None:
             close = [n for n, t in self.candidates.items() if t.median > base.median]
-            if close:
-                names = ", ".join(f"{n} k={ks[n]}" for n in close)
-                return (f"k=0: {names} has a higher median, but not beyond the spread "
-                        f"(min <= {baseline_name} max {base.high:.1f})")
-            return f"k=0: no arm beats {baseline_name}"
+            if not close:
+                return f"k=0: no arm beats {baseline_name}"
+            names = ", ".join(f"{n} k={ks[n]}" for n in close)
+            cis = [self.candidates[n].multiplier_ci95 for n in close]
+            if all(ci is not None for ci in cis):
+                shown = ", ".join(f"{ci[0]:.3f}..{ci[1]:.3f}" for ci in cis if ci is not None)
+                return f"k=0: {names} has a higher median, but its multiplier's 95% CI ({shown}) reaches 1.0"
+            return (f"k=0: {names} has a higher median, but not beyond the spread "
+                    f"(min <= {baseline_name} max {base.high:.1f})")
         won = self.candidates[self.arm]
+        if won.multiplier_ci95 is not None:
+            low, high = won.multiplier_ci95
+            return f"k={self.k}: {self.arm} multiplier 95% CI {low:.3f}..{high:.3f} > 1, highest median among the winners"
         return (f"k={self.k}: {self.arm} min {won.low:.1f} > {baseline_name} max {base.high:.1f}, "
                 f"highest median among the winners")
 
@@ -550,7 +567,7 @@ def render_policy(policy: Policy, engines: Sequence[tuple[str, Support]] = ()) -
     config = policy.speculative_config()
     lines += ["", "speculative_config (vLLM):"]
     if config is None:
-        lines.append("  none: no k beats the baseline beyond the spread at any measured concurrency; "
+        lines.append("  none: no k beats the baseline beyond the noise at any measured concurrency; "
                      "serve without a drafter")
     else:
         lines.append("  " + json.dumps(config))
@@ -598,8 +615,13 @@ def render_policy(policy: Policy, engines: Sequence[tuple[str, Support]] = ()) -
 def policy_document(policy: Policy, engines: Sequence[tuple[str, Support]] = ()) -> dict[str, Any]:
     """The same as JSON-ready data (what `specledger policy --json` prints)."""
 
-    def figures(t: Throughput | None) -> dict[str, float] | None:
-        return None if t is None else {"median": t.median, "min": t.low, "max": t.high}
+    def figures(t: Throughput | None) -> dict[str, Any] | None:
+        if t is None:
+            return None
+        shown: dict[str, Any] = {"median": t.median, "min": t.low, "max": t.high}
+        if t.multiplier_ci95 is not None:
+            shown["multiplier_ci95"] = list(t.multiplier_ci95)
+        return shown
 
     return {
         "ledger": policy.ledger_id,
