@@ -142,7 +142,8 @@ def test_a_v3_point_is_decided_by_the_multipliers_ci(tmp_path, spec, ci95, wins)
     (policy,) = derive_policies(load_ledger(write(tmp_path, data)))
     assert policy.choices[0].k == (4 if wins else 0)
     text = render_policy(policy)
-    assert (f"95% CI {ci95[0]:.3f}..{ci95[1]:.3f} > 1" if wins else f"95% CI ({ci95[0]:.3f}..{ci95[1]:.3f}) reaches 1.0") in text
+    shown = f"{ci95[0]:.3f}..{ci95[1]:.3f}"
+    assert (f"95% CI {shown} > 1" if wins else f"95% CI ({shown}) reaches 1.0") in text
     assert policy_document(policy)["choices"][0]["output_tokens_per_s"]["ngram-k4"]["multiplier_ci95"] == ci95
 
 

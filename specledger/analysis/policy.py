@@ -141,7 +141,8 @@ class Choice:
         won = self.candidates[self.arm]
         if won.multiplier_ci95 is not None:
             low, high = won.multiplier_ci95
-            return f"k={self.k}: {self.arm} multiplier 95% CI {low:.3f}..{high:.3f} > 1, highest median among the winners"
+            return (f"k={self.k}: {self.arm} multiplier 95% CI {low:.3f}..{high:.3f} > 1, "
+                    f"highest median among the winners")
         return (f"k={self.k}: {self.arm} min {won.low:.1f} > {baseline_name} max {base.high:.1f}, "
                 f"highest median among the winners")
 
