@@ -192,10 +192,12 @@ def test_sample_load_counts_other_processes():
         _spinning(pid)
         assert psutil.Process(pid).ppid() != os.getpid()
         assert pid not in {p.pid for p in psutil.Process().children(recursive=True)}
-        assert sample_load(1.0).others_cpu_share >= 0.3
+        with_spinner = sample_load(1.0).others_cpu_share
+        assert with_spinner >= 0.3
         assert pid in {int(line.split()[-2]) for line in top_other_processes(5)}
-        # the same process named as ours is excluded
-        assert sample_load(1.0, own_pids=[pid]).others_cpu_share < 0.3
+        # the same process named as ours is excluded: its core (half of a 2-CPU machine) leaves the share; relative
+        # to the first sample, since other work on a shared machine (a second test run) counts as "others" too
+        assert sample_load(1.0, own_pids=[pid]).others_cpu_share < max(0.3, with_spinner - 0.25)
     finally:
         _kill(pid)
 
