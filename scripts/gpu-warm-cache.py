@@ -23,7 +23,7 @@ def _flashinfer_modules(root: Path) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    from specledger import engines
+    from specledger.measure import engines
     from specledger.models import resolve_model
     from specledger.schema import load_ledger
 

@@ -31,9 +31,9 @@ BENCH_CONCURRENCIES = tuple(int(c) for c in os.environ.get("PROBE_BENCH_CONCURRE
 
 
 def main() -> int:
-    from specledger import measure
+    from specledger.measure import procedure
+    from specledger.measure.session import SuiteSession
     from specledger.schema import DEFAULT_PROTOCOL, Ledger, load_ledger
-    from specledger.session import SuiteSession
 
     out = Path(os.environ.get("RESULTS_DIR", "/tmp/results"))
     out.mkdir(parents=True, exist_ok=True)
@@ -71,8 +71,8 @@ def main() -> int:
         timeline.update(json.loads((out / "timeline.json").read_text()))
         recorded = load_ledger(out / f"{data['id']}.json")
         points = {c: recorded.find_point("copy", 0.0, c) for c in CONCURRENCIES}
-        prompts = measure.prompts_for(ledger, "copy", Path("."))
-        sampling = measure.sampling_for(ledger, "copy", 0.0)
+        prompts = procedure.prompts_for(ledger, "copy", Path("."))
+        sampling = procedure.sampling_for(ledger, "copy", 0.0)
         return _bench(data, points, prompts, sampling, out, log, mark)
     mark("start")
     arms = session.arms_for(ledger)
@@ -84,8 +84,8 @@ def main() -> int:
         points[c] = m.point
         mark(f"point c={c} done")
 
-    prompts = measure.prompts_for(ledger, "copy", Path("."))
-    sampling = measure.sampling_for(ledger, "copy", 0.0)
+    prompts = procedure.prompts_for(ledger, "copy", Path("."))
+    sampling = procedure.sampling_for(ledger, "copy", 0.0)
     sizing: list[dict] = []
     for c in CONCURRENCIES:
         for r in range(SIZING_REPEATS):
@@ -103,7 +103,9 @@ def main() -> int:
 
 
 def _bench(data, points, prompts, sampling, out, log, mark) -> int:
-    from specledger import crosscheck, endpoints, stats
+    from specledger import stats
+    from specledger.measure import crosscheck
+    from specledger.measure.http import endpoints
     from specledger.models import resolve_model
 
     model = resolve_model(data["target"]["model"])

@@ -513,8 +513,8 @@ def _watch_arguments(parser: argparse.ArgumentParser) -> None:
 @command("watch", "watch a live server's acceptance over a sliding window; exit 1 when it drifts from the ledger "
          "(3: cannot watch: unreachable, no spec metrics, another model)", _watch_arguments)
 def cmd_watch(args: argparse.Namespace) -> int:
-    from specledger import watch
-    from specledger.server_metrics import EndpointError
+    from specledger.measure import watch
+    from specledger.measure.http.server_metrics import EndpointError
 
     if args.window_s <= 0 or args.interval_s <= 0 or args.min_drafts < 1:
         raise _UsageError("--window-s and --interval-s must be > 0, --min-drafts >= 1")
@@ -673,7 +673,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def _crosscheck_arguments(parser: argparse.ArgumentParser) -> None:
-    from specledger import crosscheck
+    from specledger.measure import crosscheck
 
     crosscheck.add_arguments(parser)
 
@@ -681,7 +681,7 @@ def _crosscheck_arguments(parser: argparse.ArgumentParser) -> None:
 @command("crosscheck", "the suite's multiplier against `vllm bench serve` on the same two servers, with both CIs",
          _crosscheck_arguments)
 def cmd_crosscheck(args: argparse.Namespace) -> int:
-    from specledger import crosscheck
+    from specledger.measure import crosscheck
 
     return crosscheck.run(args)
 

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tqdm import tqdm
 
-    from specledger.session import SuiteSession  # imports the engine layer only when measuring
+    from specledger.measure.session import SuiteSession  # imports the engine layer only when measuring
 
     path = args.ledger or default_ledger()
     committed = load_ledger(path)

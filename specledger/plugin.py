@@ -8,7 +8,7 @@ either verifies it against the committed figures or, with ``--ledger-record``,
 writes it into the ledger. Recording never happens without that flag.
 
 HTTP mode (``--ledger-http``, or ``--ledger-endpoint ARM=URL`` for live servers) measures the same
-points through OpenAI-compatible servers instead of in-process engines (see specledger.endpoints);
+points through OpenAI-compatible servers instead of in-process engines (see specledger.measure.http.endpoints);
 it verifies only. ``--ledger-points`` selects points in either mode.
 
 Under pytest-xdist every point is marked ``xdist_group(<ledger id>)``, so ``pytest -m gpu -n N --dist
@@ -166,8 +166,8 @@ def say(config: pytest.Config, line: str) -> None:
 
 @pytest.fixture(scope="session")
 def specledger(request: pytest.FixtureRequest) -> Iterator[Any]:
-    """The session's engines, measurement cache and recorder (see specledger.session)."""
-    from specledger.session import SuiteSession
+    """The session's engines, measurement cache and recorder (see specledger.measure.session)."""
+    from specledger.measure.session import SuiteSession
 
     config = request.config
 
@@ -178,7 +178,7 @@ def specledger(request: pytest.FixtureRequest) -> Iterator[Any]:
     http = None
     urls = _endpoints(config.getoption("--ledger-endpoint"))
     if urls or config.getoption("--ledger-http"):
-        from specledger.endpoints import HTTPMode
+        from specledger.measure.http.endpoints import HTTPMode
 
         http = HTTPMode(urls or None, trusted=bool(config.getoption("--ledger-trust")))
     session = SuiteSession(root=Path(str(config.rootpath)), record=bool(config.getoption("--ledger-record")),
@@ -238,7 +238,7 @@ def check_point(session: Any, point: LedgerPoint, item: pytest.Item | None = Non
     committed = point.ledger.find_point(*point.key)
     # scipy: imported once a ledger point runs, not when pytest loads the plugin
     from specledger.analysis import verdict
-    from specledger.server_metrics import EndpointError
+    from specledger.measure.http.server_metrics import EndpointError
     from specledger.trust import UntrustedLedger
 
     try:

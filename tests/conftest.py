@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from specledger import endpoints, plugin, servers
+from specledger import plugin
+from specledger.measure.http import endpoints, servers
 from specledger.schema import load_ledger
 
 CPU_LEDGER = Path(__file__).resolve().parents[1] / "ledgers" / "cpu-smollm2.json"

@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from specledger import servers
 from specledger.bench_import import IMPORT_PREFIX, BenchImportError, import_bench
 from specledger.cli import main
+from specledger.measure.http import servers
 from specledger.schema import load_ledger, write_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -231,7 +231,7 @@ def test_cli_problems_exit_1_and_name_the_file(tmp_path, capsys):
 
 
 def test_the_library_modules_do_not_import_vllm():
-    code = "import sys, specledger.bench_import, specledger.servers; print('vllm' in sys.modules)"
+    code = "import sys, specledger.bench_import, specledger.measure.http.servers; print('vllm' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 

@@ -149,7 +149,7 @@ def test_cli_never_imports_vllm_or_engines():
         "import sys; from specledger.cli import main; "
         f"rc = main(['audit', {str(SMALL)!r}, '--min-severity', 'error']); "
         f"main(['show', {str(SMALL)!r}]); "
-        "bad = [m for m in sys.modules if m == 'vllm' or m.startswith(('vllm.', 'specledger.engines'))]; "
+        "bad = [m for m in sys.modules if m == 'vllm' or m.startswith(('vllm.', 'specledger.measure.engines'))]; "
         "print('BAD', bad); sys.exit(rc)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

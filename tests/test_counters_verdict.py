@@ -10,8 +10,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from specledger import counters, load, measure, selection
+from specledger import selection
 from specledger.analysis import verdict
+from specledger.measure import counters, driver, procedure
 from specledger.render import tables
 from specledger.schema import DEFAULT_PROTOCOL, Ledger, dump_ledger, load_ledger, parse_ledger
 
@@ -83,7 +84,7 @@ def test_window_opens_after_every_user_finished_a_request_and_counts_only_inside
     """A fake engine: each request streams 5 deltas of 2 tokens, 10 ms apart (so a request takes ~50 ms)."""
     in_flight, peak, aborted = 0, 0, 0
 
-    async def submit(i: int, trace: load.RequestTrace) -> None:
+    async def submit(i: int, trace: driver.RequestTrace) -> None:
         nonlocal in_flight, peak, aborted
         in_flight += 1
         peak = max(peak, in_flight)
@@ -97,7 +98,7 @@ def test_window_opens_after_every_user_finished_a_request_and_counts_only_inside
         finally:
             in_flight -= 1
 
-    result = asyncio.run(load.steady_window(submit, concurrency=4, window_s=0.5, n_prompts=3))
+    result = asyncio.run(driver.steady_window(submit, concurrency=4, window_s=0.5, n_prompts=3))
     assert peak == 4 and in_flight == 0
     assert aborted == 4  # every user was mid-request at the close: aborted, not drained
     assert result["ramp_s"] >= 0.05  # the first round is excluded
@@ -109,14 +110,14 @@ def test_window_opens_after_every_user_finished_a_request_and_counts_only_inside
 
 
 def test_a_failing_request_ends_the_window_with_its_error():
-    async def submit(i: int, trace: load.RequestTrace) -> None:
+    async def submit(i: int, trace: driver.RequestTrace) -> None:
         await asyncio.sleep(0.01)
         if i == 3:
             raise RuntimeError("engine died")
         trace.add(1)
 
     with pytest.raises(RuntimeError, match="engine died"):
-        asyncio.run(load.steady_window(submit, concurrency=2, window_s=1.0))
+        asyncio.run(driver.steady_window(submit, concurrency=2, window_s=1.0))
 
 
 @pytest.mark.parametrize(("concurrency", "n_prompts"), [(1, 5), (3, 7), (50, 4)])
@@ -124,7 +125,7 @@ def test_a_prompt_pass_sends_every_prompt_once_and_waits_for_each_to_end(concurr
     """Unlike a window, nothing is cut: which tokens a pass counts does not depend on speed."""
     in_flight, peak, sent = 0, 0, []
 
-    async def submit(i: int, trace: load.RequestTrace) -> None:
+    async def submit(i: int, trace: driver.RequestTrace) -> None:
         nonlocal in_flight, peak
         in_flight += 1
         peak = max(peak, in_flight)
@@ -134,7 +135,7 @@ def test_a_prompt_pass_sends_every_prompt_once_and_waits_for_each_to_end(concurr
             trace.add(2, [i, 7])
         in_flight -= 1
 
-    result = asyncio.run(load.prompt_pass(submit, concurrency=concurrency, n_prompts=n_prompts))
+    result = asyncio.run(driver.prompt_pass(submit, concurrency=concurrency, n_prompts=n_prompts))
     assert sorted(sent) == list(range(n_prompts)) and peak == min(concurrency, n_prompts)
     assert result["requests"] == n_prompts and result["concurrency"] == concurrency
     assert result["output_tokens"] == sum(2 * (1 + i % 3) for i in range(n_prompts))
@@ -142,27 +143,27 @@ def test_a_prompt_pass_sends_every_prompt_once_and_waits_for_each_to_end(concurr
 
 
 def test_a_failing_or_stuck_request_ends_the_pass_with_an_error():
-    async def failing(i: int, trace: load.RequestTrace) -> None:
+    async def failing(i: int, trace: driver.RequestTrace) -> None:
         await asyncio.sleep(0.001)
         if i == 2:
             raise RuntimeError("engine died")
 
     with pytest.raises(RuntimeError, match="engine died"):
-        asyncio.run(load.prompt_pass(failing, concurrency=2, n_prompts=4))
+        asyncio.run(driver.prompt_pass(failing, concurrency=2, n_prompts=4))
 
-    async def stuck(i: int, trace: load.RequestTrace) -> None:
+    async def stuck(i: int, trace: driver.RequestTrace) -> None:
         await asyncio.sleep(10)
 
-    with pytest.raises(load.PassTimeout, match="did not end within"):
-        asyncio.run(load.prompt_pass(stuck, concurrency=2, n_prompts=4, timeout_s=0.05))
+    with pytest.raises(driver.PassTimeout, match="did not end within"):
+        asyncio.run(driver.prompt_pass(stuck, concurrency=2, n_prompts=4, timeout_s=0.05))
 
 
 def test_summarize_counts_tokens_by_arrival_time_and_times_requests_inside_the_window():
-    inside = load.RequestTrace(0, 0, sent_at=10.0, token_times=[10.5, 11.0, 11.5], token_counts=[1, 3, 1],
+    inside = driver.RequestTrace(0, 0, sent_at=10.0, token_times=[10.5, 11.0, 11.5], token_counts=[1, 3, 1],
                                output=[1, 2, 3, 4, 5], done_at=11.5)
-    straddling = load.RequestTrace(1, 1, sent_at=9.0, token_times=[9.5, 10.2, 12.5], token_counts=[2, 2, 2],
+    straddling = driver.RequestTrace(1, 1, sent_at=9.0, token_times=[9.5, 10.2, 12.5], token_counts=[2, 2, 2],
                                    done_at=None)
-    result = load.summarize([inside, straddling], t_start=8.0, t_open=10.0, t_close=12.0, concurrency=2)
+    result = driver.summarize([inside, straddling], t_start=8.0, t_open=10.0, t_close=12.0, concurrency=2)
     assert result["output_tokens"] == 5 + 2  # the 9.5 and 12.5 deltas are outside
     assert result["output_tokens_per_s"] == pytest.approx(7 / 2.0)
     assert result["ramp_s"] == pytest.approx(2.0) and result["requests"] == 1
@@ -174,11 +175,11 @@ def test_summarize_counts_tokens_by_arrival_time_and_times_requests_inside_the_w
 
 
 def test_a_stall_is_a_long_gap_and_a_slow_steady_rate_is_not():
-    stalled = load.RequestTrace(0, 0, sent_at=0.0, token_times=[0.1, 0.2, 1.7, 1.8], token_counts=[1] * 4)
-    steady = load.RequestTrace(0, 0, sent_at=0.0, token_times=[0.4, 0.8, 1.2, 1.6], token_counts=[1] * 4)
-    assert load.longest_gap([stalled], 0.0, 2.0) == pytest.approx(1.5)
-    assert load.longest_gap([steady], 0.0, 2.0) == pytest.approx(0.4)
-    assert load.longest_gap([], 0.0, 2.0) == pytest.approx(2.0)  # nothing arrived: the whole window
+    stalled = driver.RequestTrace(0, 0, sent_at=0.0, token_times=[0.1, 0.2, 1.7, 1.8], token_counts=[1] * 4)
+    steady = driver.RequestTrace(0, 0, sent_at=0.0, token_times=[0.4, 0.8, 1.2, 1.6], token_counts=[1] * 4)
+    assert driver.longest_gap([stalled], 0.0, 2.0) == pytest.approx(1.5)
+    assert driver.longest_gap([steady], 0.0, 2.0) == pytest.approx(0.4)
+    assert driver.longest_gap([], 0.0, 2.0) == pytest.approx(2.0)  # nothing arrived: the whole window
 
 
 def _small_ledger() -> Ledger:
@@ -223,7 +224,7 @@ def _schema_valid(ledger: Ledger, point: dict) -> None:
 def test_build_point_multiplier_is_the_paired_ratio_of_means_with_its_ci():
     ledger = _ledger_with_arms()
     workload = ledger.data["workloads"][0]["name"]
-    point = measure.build_point(ledger, workload, 0.0, 2, _runs([100, 110, 90, 105, 95], [150, 168, 133, 160, 139]))
+    point = procedure.build_point(ledger, workload, 0.0, 2, _runs([100, 110, 90, 105, 95], [150, 168, 133, 160, 139]))
     spec = point["arms"]["spec"]
     assert point["protocol_version"] == 3
     assert spec["multiplier"] == pytest.approx(round(750 / 500, 3))
@@ -244,11 +245,11 @@ def test_acceptance_comes_from_the_pass_when_there_is_one():
     ledger = _ledger_with_arms()
     workload = ledger.data["workloads"][0]["name"]
     runs = _runs([100, 110, 90, 105, 95], [150, 168, 133, 160, 139])  # windows: L = 3.0
-    windows = measure.build_point(ledger, workload, 0.0, 2, runs)["arms"]["spec"]["acceptance"]
+    windows = procedure.build_point(ledger, workload, 0.0, 2, runs)["arms"]["spec"]["acceptance"]
     assert windows["from"] == "windows" and windows["acceptance_length"] == pytest.approx(3.0)
     done = {"requests": 43, "seconds": 12.345, "counters": {"drafts": 40, "draft_tokens": 160, "accepted_tokens": 100,
                                                            "accepted_per_position": [40, 30, 20, 10]}}
-    point = measure.build_point(ledger, workload, 0.0, 2, runs, passes={"spec": done})
+    point = procedure.build_point(ledger, workload, 0.0, 2, runs, passes={"spec": done})
     acc = point["arms"]["spec"]["acceptance"]
     assert acc["from"] == "pass" and acc["requests"] == 43 and acc["seconds"] == 12.35
     assert acc["acceptance_length"] == pytest.approx(1 + 100 / 40) and acc["drafts"] == 40
@@ -273,21 +274,21 @@ class _PassArm:
 def test_only_drafting_arms_get_a_pass_over_the_protocols_prompts(section, expected):
     ledger = _ledger_with_arms()
     arms = {"baseline": _PassArm(), "spec": _PassArm()}
-    passes = measure.acceptance_passes(ledger, arms, [f"p{i}" for i in range(6)], 3, {}, {"acceptance": section})
+    passes = procedure.acceptance_passes(ledger, arms, [f"p{i}" for i in range(6)], 3, {}, {"acceptance": section})
     assert arms["baseline"].asked == []
     assert arms["spec"].asked == ([] if expected is None else [(expected, 3)])
     assert set(passes) == (set() if expected is None else {"spec"})
     with pytest.raises(ValueError, match="acceptance.from"):
-        measure.acceptance_passes(ledger, arms, ["p"], 1, {}, {"acceptance": {"from": "somewhere"}})
+        procedure.acceptance_passes(ledger, arms, ["p"], 1, {}, {"acceptance": {"from": "somewhere"}})
 
 
 def test_build_point_names_the_first_divergence_from_the_baseline():
     ledger = _ledger_with_arms()
     workload = ledger.data["workloads"][0]["name"]
     runs = _runs([100, 110, 90], [150, 130, 170], spec_outputs={"0": [1, 2, 3], "1": [4, 6, 9]})
-    same = measure.build_point(ledger, workload, 0.0, 2, runs)["arms"]["spec"]["lossless"]
+    same = procedure.build_point(ledger, workload, 0.0, 2, runs)["arms"]["spec"]["lossless"]
     assert same["identical"] == 1 and same["first_divergence"] == {"prompt_index": 1, "token_index": 1}
-    assert "lossless" not in measure.build_point(ledger, workload, 1.0, 2, runs)["arms"]["spec"]  # only at T=0
+    assert "lossless" not in procedure.build_point(ledger, workload, 1.0, 2, runs)["arms"]["spec"]  # only at T=0
 
 
 def test_build_point_keeps_request_times_per_repeat_only_when_every_repeat_has_them():
@@ -297,7 +298,7 @@ def test_build_point_keeps_request_times_per_repeat_only_when_every_repeat_has_t
     for i, run in enumerate(runs["spec"]):
         run["request_time_s"] = {"engine": 0.1 * (i + 1), "end_to_end": 0.123456789}
     runs["baseline"][0]["request_time_s"] = {"engine": 0.2}
-    point = measure.build_point(ledger, workload, 0.0, 2, runs)
+    point = procedure.build_point(ledger, workload, 0.0, 2, runs)
     assert point["arms"]["spec"]["request_time_s"] == {"engine": [0.1, 0.2, 0.3, 0.4, 0.5],
                                                        "end_to_end": [0.12346] * 5}
     assert "request_time_s" not in point["arms"]["baseline"]
@@ -306,19 +307,19 @@ def test_build_point_keeps_request_times_per_repeat_only_when_every_repeat_has_t
 
 def test_the_window_is_sized_by_duration_and_by_rounds():
     protocol = {"window": {"min_s": 5.0, "min_rounds": 4}}
-    assert measure.window_for(protocol, [0.2, 0.3]) == 5.0  # fast requests: the duration rules
-    assert measure.window_for(protocol, [2.0, 3.5, None]) == 14.0  # slow ones: 4 rounds of the slowest arm
-    assert measure.window_for(protocol, [None]) == 5.0
+    assert procedure.window_for(protocol, [0.2, 0.3]) == 5.0  # fast requests: the duration rules
+    assert procedure.window_for(protocol, [2.0, 3.5, None]) == 14.0  # slow ones: 4 rounds of the slowest arm
+    assert procedure.window_for(protocol, [None]) == 5.0
 
 
 def test_windows_are_the_slowest_arms_unless_each_arm_sizes_its_own():
     latencies = {"baseline": 0.3, "ngram": 0.5, "draft": 2.0}
     common = {"window": {"min_s": 2.5, "min_rounds": 4}}
-    assert measure.windows_for(common, latencies) == {"baseline": 8.0, "ngram": 8.0, "draft": 8.0}
+    assert procedure.windows_for(common, latencies) == {"baseline": 8.0, "ngram": 8.0, "draft": 8.0}
     own = {"window": {"min_s": 2.5, "min_rounds": 4, "sized_by": "each arm"}}
-    assert measure.windows_for(own, latencies) == {"baseline": 2.5, "ngram": 2.5, "draft": 8.0}
+    assert procedure.windows_for(own, latencies) == {"baseline": 2.5, "ngram": 2.5, "draft": 8.0}
     with pytest.raises(ValueError, match="sized_by"):
-        measure.windows_for({"window": {"min_s": 1.0, "min_rounds": 1, "sized_by": "fastest"}}, latencies)
+        procedure.windows_for({"window": {"min_s": 1.0, "min_rounds": 1, "sized_by": "fastest"}}, latencies)
 
 
 def test_config_differences_ignore_the_drafter_itself():
@@ -333,7 +334,7 @@ def test_config_differences_ignore_the_drafter_itself():
 def _v3_point(base, spec, length=3.0):
     ledger = _ledger_with_arms()
     workload = ledger.data["workloads"][0]["name"]
-    point = measure.build_point(ledger, workload, 0.0, 2, _runs(base, spec))
+    point = procedure.build_point(ledger, workload, 0.0, 2, _runs(base, spec))
     point["arms"]["spec"]["acceptance"]["acceptance_length"] = length
     return point
 
@@ -474,29 +475,29 @@ def test_policy_arm_below_the_best_fixed_arm_fails():
 
 def test_runs_keep_who_measured_which_point_across_resumed_recordings():
     legacy = {"date": "2026-12-01T14:22:37+00:00", "git_commit": "b0661a0", "machine": {"cpu_model": "A"}}
-    first = measure.merge_runs(legacy, {"date": "d2", "git_commit": "c2", "machine": {"cpu_model": "B"}},
+    first = procedure.merge_runs(legacy, {"date": "d2", "git_commit": "c2", "machine": {"cpu_model": "B"}},
                                "2026-12-02T10:00:00+00:00", ["copy:1:1"])
     assert [r["points"] for r in first] == [None, ["copy:1:1"]]
     assert first[0]["git_commit"] == "b0661a0" and first[1]["machine"] == {"cpu_model": "B"}
     # the same run stores again (one more point): still one entry for it
-    again = measure.merge_runs({**legacy, "runs": first}, {"date": "d3"}, "2026-12-02T10:00:00+00:00",
+    again = procedure.merge_runs({**legacy, "runs": first}, {"date": "d3"}, "2026-12-02T10:00:00+00:00",
                                ["copy:1:1", "copy:1:64"])
     assert [r["points"] for r in again] == [None, ["copy:1:1", "copy:1:64"]]
     # a third run re-measures copy:1:64: the point moves to it; a run left with no point drops out
-    third = measure.merge_runs({"runs": again}, {"date": "d4"}, "2026-12-03T09:00:00+00:00",
+    third = procedure.merge_runs({"runs": again}, {"date": "d4"}, "2026-12-03T09:00:00+00:00",
                                ["copy:1:64", "copy:1:1"])
     assert [r["points"] for r in third] == [None, ["copy:1:1", "copy:1:64"]]
     assert third[1]["started"].startswith("2026-12-03")
     prov = {"runs": first}
-    assert measure.run_of_point(prov, "copy:1:1")["machine"] == {"cpu_model": "B"}
-    assert measure.run_of_point(prov, "copy:0:64")["git_commit"] == "b0661a0"  # the legacy run holds the rest
-    assert measure.run_of_point({}, "copy:0:64") is None
+    assert procedure.run_of_point(prov, "copy:1:1")["machine"] == {"cpu_model": "B"}
+    assert procedure.run_of_point(prov, "copy:0:64")["git_commit"] == "b0661a0"  # the legacy run holds the rest
+    assert procedure.run_of_point({}, "copy:0:64") is None
     assert selection.point_label(("copy", 0.0, 64)) == "copy:0:64"
     assert selection.point_label(("x", None, None)) == "x:-:-"
 
 
 def test_a_point_is_compared_against_the_machine_of_the_run_that_recorded_it(monkeypatch):
-    from specledger.session import SuiteSession
+    from specledger.measure.session import SuiteSession
 
     ledger = load_ledger(Path(__file__).resolve().parents[1] / "ledgers" / "cpu-smollm2.json")
     data = copy.deepcopy(ledger.data)
@@ -514,7 +515,7 @@ def test_a_point_is_compared_against_the_machine_of_the_run_that_recorded_it(mon
 
 
 def test_two_ledgers_of_one_file_name_cannot_overwrite_each_other_in_ledger_out(tmp_path):
-    from specledger.session import SuiteSession
+    from specledger.measure.session import SuiteSession
 
     data = load_ledger(Path(__file__).resolve().parents[1] / "ledgers" / "cpu-smollm2.json").data
     first = Ledger(tmp_path / "a" / "same.json", data)

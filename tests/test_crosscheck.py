@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
-from specledger import crosscheck, servers, stats
+from specledger import stats
+from specledger.measure import crosscheck
+from specledger.measure.http import servers
 from specledger.schema import load_ledger
 from specledger.stats import Estimate
 
@@ -99,7 +101,7 @@ def test_rendered_text_is_the_suites_token_ids():
     pytest.importorskip("transformers")
     from transformers import AutoTokenizer
 
-    from specledger.engines import chat_token_ids
+    from specledger.measure.engines import chat_token_ids
     from specledger.models import resolve_model
 
     try:
@@ -112,7 +114,7 @@ def test_rendered_text_is_the_suites_token_ids():
 
 
 def load_prompts() -> list[str]:
-    from specledger.measure import prompts_for
+    from specledger.measure.procedure import prompts_for
 
     return prompts_for(load_ledger(LEDGER), "copy", ROOT)
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from specledger import engines, measure, servers
+from specledger.measure import engines, procedure
+from specledger.measure.http import servers
 
 pytestmark = pytest.mark.engine
 
@@ -29,7 +30,7 @@ def test_a_bad_model_fails_the_start_with_the_workers_traceback(tmp_path):
 
 SCRIPT = textwrap.dedent("""
     import sys, time
-    from specledger import engines
+    from specledger.measure import engines
     from specledger.models import resolve_model
 
     if __name__ == "__main__":
@@ -132,7 +133,7 @@ def test_a_window_streams_token_times_and_times_its_requests_inside_the_engine()
         # Warm up and size the windows as the protocol does (4 request latencies at least): a fixed 2 s
         # window held no whole request on a CPU 3x slower than this test's first machine.
         warm = arm.run(prompts=prompts, concurrency=2, sampling=sampling, window_s=2.0)
-        window_s = measure.window_for({"window": {"min_s": 2.0, "min_rounds": 4}}, [warm["request_latency_median_s"]])
+        window_s = procedure.window_for({"window": {"min_s": 2.0, "min_rounds": 4}}, [warm["request_latency_median_s"]])
         runs = [arm.run(prompts=prompts, concurrency=2, sampling=sampling, window_s=window_s) for _ in range(2)]
     for res in runs:
         times = res["request_time_s"]
@@ -153,9 +154,9 @@ def test_ledgers_with_the_same_arms_share_one_start_and_others_get_their_own(tmp
     import copy
     import json
 
+    from specledger.measure.session import SuiteSession
     from specledger.migrate import replan_data
     from specledger.schema import parse_ledger
-    from specledger.session import SuiteSession
 
     data = replan_data(json.loads((ROOT / "ledgers" / "cpu-smollm2.json").read_text()))
     data["arms"] = [arm for arm in data["arms"] if arm["role"] == "baseline"]

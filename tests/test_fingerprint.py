@@ -1,5 +1,5 @@
-"""specledger.fingerprint: cpuinfo parsing, when two machines are comparable, and the busy-machine sample measured
-on this machine with real spinning processes (ours, and one that is not)."""
+"""specledger.measure.fingerprint: cpuinfo parsing, when two machines are comparable, and the busy-machine sample
+measured on this machine with real spinning processes (ours, and one that is not)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 
-from specledger.fingerprint import (
+from specledger.measure.fingerprint import (
     COMPARABLE_KEYS,
     LoadSample,
     busy_message,

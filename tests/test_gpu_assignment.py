@@ -195,7 +195,7 @@ import copy
 import json
 import os
 
-from specledger import measure, session
+from specledger.measure import procedure, session
 
 
 def fake_measure(self, ledger, key):
@@ -206,7 +206,7 @@ def fake_measure(self, ledger, key):
     point = copy.deepcopy(ledger.find_point(*key))
     timings = {name: [{"window_s": 5.0, "output_tokens": int(v * 5), "output_tokens_per_s": v}
                       for v in res["output_tokens_per_s"]["repeats"]] for name, res in point["arms"].items()}
-    return self._cache.setdefault((ledger.id, key), measure.PointMeasurement(key, point, timings, 0.1))
+    return self._cache.setdefault((ledger.id, key), procedure.PointMeasurement(key, point, timings, 0.1))
 
 
 session.SuiteSession.measure = fake_measure

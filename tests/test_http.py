@@ -20,10 +20,12 @@ from typing import Any
 
 import pytest
 
-from specledger import counters, endpoints, measure, plugin, selection, server_metrics, servers, watch
+from specledger import plugin, selection
 from specledger.cli import main
+from specledger.measure import counters, procedure, watch
+from specledger.measure.http import endpoints, server_metrics, servers
+from specledger.measure.http.server_metrics import EndpointError
 from specledger.schema import load_ledger, write_ledger
-from specledger.server_metrics import EndpointError
 
 ROOT = Path(__file__).resolve().parents[1]
 LEDGER = ROOT / "ledgers" / "cpu-smollm2.json"
@@ -79,7 +81,7 @@ def test_counters_sum_over_engines_and_missing_families_are_named():
 
 
 def test_server_flags_come_from_the_ledger_arm():
-    from specledger.engines import arm_specs
+    from specledger.measure.engines import arm_specs
 
     specs = {s.name: s for s in arm_specs(load_ledger(LEDGER).data, "/m")}
     args = dict(specs["ngram"].engine_args)
@@ -137,7 +139,7 @@ def test_unreachable_server_is_named(tmp_path, capsys):
 
 
 def test_http_mode_never_records(tmp_path):
-    from specledger.session import SuiteSession
+    from specledger.measure.session import SuiteSession
 
     with pytest.raises(ValueError, match="HTTP mode verifies only"):
         SuiteSession(root=ROOT, record=True, http=endpoints.HTTPMode({"a": "http://x"}))
@@ -216,8 +218,8 @@ def test_watch_catches_the_drafter_going_quiet(cpu_servers, request, tmp_path):
     try:
         time.sleep(3)
         assert proc.poll() is None, err_path.read_text()
-        copy_sampling = measure.sampling_for(ledger, "copy", 0.0)
-        res = arm.run(prompts=measure.prompts_for(ledger, "copy", ROOT), concurrency=2, sampling=copy_sampling,
+        copy_sampling = procedure.sampling_for(ledger, "copy", 0.0)
+        res = arm.run(prompts=procedure.prompts_for(ledger, "copy", ROOT), concurrency=2, sampling=copy_sampling,
                       window_s=20.0)
         times = res["request_time_s"]  # the server's own per-request histograms, as deltas
         assert 0 < times["engine"] <= times["end_to_end"] * 1.01, times
@@ -228,8 +230,8 @@ def test_watch_catches_the_drafter_going_quiet(cpu_servers, request, tmp_path):
              + (watched.strip().splitlines() or ["(nothing)"])[-1])
         assert proc.poll() is None, f"the watch stopped on copy traffic:\n{watched}\n{err_path.read_text()}"
         assert "ok: acceptance length" in watched, watched
-        free = measure.prompts_for(ledger, "free-form", ROOT)
-        free_sampling = measure.sampling_for(ledger, "free-form", 0.0)
+        free = procedure.prompts_for(ledger, "free-form", ROOT)
+        free_sampling = procedure.sampling_for(ledger, "free-form", 0.0)
         free_counts: dict[str, Any] = {}
         for batch in range(8):
             if proc.poll() is not None:
@@ -259,8 +261,8 @@ def test_an_acceptance_pass_over_http_counts_the_same_tokens_twice(cpu_servers, 
     (the second one runs on a warm prefix cache, so exact equality is not promised)."""
     ledger = load_ledger(LEDGER)
     arm = _ngram_arm(cpu_servers["ngram"])
-    prompts = measure.prompts_for(ledger, "copy", ROOT)[:4]
-    sampling = measure.sampling_for(ledger, "copy", 0.0)
+    prompts = procedure.prompts_for(ledger, "copy", ROOT)[:4]
+    sampling = procedure.sampling_for(ledger, "copy", 0.0)
     first, second = (arm.prompt_pass(prompts=prompts, concurrency=1, sampling=sampling) for _ in range(2))
     _say(request.config, f"pass over HTTP: {_acceptance_line(first['counters'])} in {first['seconds']:.1f} s; "
          f"again: {_acceptance_line(second['counters'])}")

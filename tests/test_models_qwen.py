@@ -547,7 +547,7 @@ def test_qwen_ledgers_are_gpu_ledgers_planned_or_being_recorded() -> None:
 
 def test_draft_arm_resolves_to_the_embedded_draft(draft_built: Path, tmp_path: Path) -> None:
     """engines.arm_specs hands vLLM the built 0.5B folder for `model: embedded:qwen2.5-coder-0.5b`."""
-    from specledger import engines
+    from specledger.measure import engines
     from specledger.schema import load_ledger
 
     ledger = load_ledger(REPO / "ledgers" / "h200-qwen2.5-coder-1.5b.json")

@@ -40,7 +40,7 @@ FAKE_MEASURE = '''
 import copy
 import os
 
-from specledger import measure, session
+from specledger.measure import procedure, session
 
 #: changed: ngram 10x faster in every repeat; noisy: ngram's repeats scattered +-40% around the committed ones
 FACTORS = {"changed": [10.0], "noisy": [0.6, 1.4, 0.8, 1.2, 1.0, 0.7, 1.3], "same": [1.0]}[os.environ["FAKE_MODE"]]
@@ -53,7 +53,7 @@ def fake_measure(self, ledger, key):
     tps["repeats"] = [v * FACTORS[i % len(FACTORS)] for i, v in enumerate(tps["repeats"])]
     timings = {name: [{"window_s": 5.0, "output_tokens": int(v * 5), "output_tokens_per_s": v}
                       for v in res["output_tokens_per_s"]["repeats"]] for name, res in point["arms"].items()}
-    return self._cache.setdefault((ledger.id, key), measure.PointMeasurement(key, point, timings, WALL_S))
+    return self._cache.setdefault((ledger.id, key), procedure.PointMeasurement(key, point, timings, WALL_S))
 
 
 session.SuiteSession.measure = fake_measure

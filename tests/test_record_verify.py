@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from specledger import fingerprint
+from specledger.measure import fingerprint
 from specledger.migrate import replan_data
 from specledger.plugin import say
 from specledger.schema import load_ledger

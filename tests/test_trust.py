@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from specledger import engines, trust
+from specledger import trust
 from specledger.cli import main
+from specledger.measure import engines
 from specledger.schema import iter_ledger_paths, load_ledger
 
 ROOT = Path(__file__).resolve().parents[1]

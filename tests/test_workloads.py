@@ -208,14 +208,14 @@ def test_ruff_clean() -> None:
 
 @given(n_prompts=st.integers(1, 12), concurrency=st.integers(1, 20), repeat=st.integers(0, 9))
 def test_same_repeats_start_at_the_same_prompt(n_prompts: int, concurrency: int, repeat: int) -> None:
-    from specledger.measure import first_index
+    from specledger.measure.procedure import first_index
 
     assert first_index(repeat, concurrency, n_prompts, "same") == 0
     assert 0 <= first_index(repeat, concurrency, n_prompts, "rotate") < n_prompts
 
 
 def test_rotating_repeats_start_one_block_further() -> None:
-    from specledger.measure import first_index
+    from specledger.measure.procedure import first_index
 
     assert [first_index(r, 4, 10, "rotate") for r in range(3)] == [0, 4, 8]
     texts = [f"p{i}" for i in range(10)]

@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
-from specledger import counters, server_metrics
 from specledger.errors import SpecledgerError
+from specledger.measure import counters
+from specledger.measure.http import server_metrics
+from specledger.measure.http.server_metrics import EndpointError
 from specledger.schema import Ledger
-from specledger.server_metrics import EndpointError
 
 __all__ = ["Drift", "Expected", "SlidingWindow", "Verdict", "expected_acceptance", "judge", "watch"]
 

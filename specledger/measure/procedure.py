@@ -4,7 +4,7 @@ Pairing is the point: every arm sees the same prompts in the same repeat, and ar
 within a point (A B C, then C B A), so drift of the machine (clocks, other tenants, a warming
 cache) lands on every arm alike, and repeat r of one arm pairs with repeat r of another in the
 multiplier's bootstrap (``specledger.stats``). Each repeat is one steady-state window
-(``specledger.load``). Before a point, every arm warms up at that concurrency with windows
+(``specledger.measure.driver``). Before a point, every arm warms up at that concurrency with windows
 until two successive ones agree, since the first windows after a start or a concurrency change
 run low (ngram on the H200 was still rising over 5 repeats at c=64 after an engine-start
 warm-up). The window is sized from the warm-up: at least ``window.min_s`` seconds and at
@@ -16,6 +16,11 @@ three of the four arms: about a third fewer GPU seconds per repeat). Repeats sta
 ``repeats.min`` and a caller's ``more`` rule (an inconclusive verdict, a recording whose CI is
 still wide) adds pairs up to ``repeats.max``. Acceptance comes from one count-sized pass per
 drafting arm (``acceptance_passes``), not from the time-sized windows.
+
+Why `procedure` and not `protocol` (it was `specledger.measure` before the `measure/` layer): `protocol` is the
+name the code base gives the ledger's protocol sections (`protocol = protocol_for(ledger)`, the `protocol`
+argument of `window_for`), so `protocol.window_for(protocol, ...)` would shadow the module with its own argument.
+The protocol is what the ledger states; this module is the procedure that carries it out for one point.
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from specledger import __version__, counters, stats
+from specledger import __version__, stats
 from specledger.analysis.theory import sessions as sessions_at
+from specledger.measure import counters
 from specledger.schema import Ledger, protocol_over_defaults
 from specledger.workloads import load_workload, resolve_fixture
 

@@ -1,6 +1,6 @@
 """Start and stop a vLLM OpenAI-compatible server as a subprocess, and never leave one behind.
 
-Why a subprocess and not `specledger.engines`: HTTP-mode measurement (and `vllm bench serve`)
+Why a subprocess and not `specledger.measure.engines`: HTTP-mode measurement (and `vllm bench serve`)
 must talk to the server a user would run, over the network path a user would use. This module
 only builds a command line and manages a process; it never imports vLLM, so it stays importable
 on a plain install.

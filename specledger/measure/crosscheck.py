@@ -247,11 +247,12 @@ def run(args: argparse.Namespace) -> int:
     """Suite over HTTP, then the bench, on the same servers; 0 when they agree, 1 when not, 2 usage, 3 servers."""
     import copy
 
-    from specledger import endpoints, measure
+    from specledger.measure import procedure
+    from specledger.measure.http import endpoints
+    from specledger.measure.http.server_metrics import EndpointError
+    from specledger.measure.session import SuiteSession
     from specledger.models import resolve_model
     from specledger.schema import Ledger, load_ledger
-    from specledger.server_metrics import EndpointError
-    from specledger.session import SuiteSession
 
     def say(line: str) -> None:
         print(f"[crosscheck {time.strftime('%H:%M:%S')}] {line}", flush=True)
@@ -298,9 +299,9 @@ def run(args: argparse.Namespace) -> int:
             suite = suite_estimate(point, args.arm, baseline)
             say(f"suite: x{suite.value:.3f} [{suite.low:.3f}, {suite.high:.3f}]")
             arms = session.arms_for(pair)
-            sampling = measure.sampling_for(pair, workload, key[1])
+            sampling = procedure.sampling_for(pair, workload, key[1])
             bench = bench_multiplier({baseline: urls[baseline], args.arm: urls[args.arm]}, model=model,
-                                     prompts=measure.prompts_for(pair, workload, REPO_ROOT),
+                                     prompts=procedure.prompts_for(pair, workload, REPO_ROOT),
                                      tokenizer=arms[args.arm].tokenizer, concurrency=key[2],
                                      output_len=int(sampling["max_tokens"]), temperature=key[1],
                                      top_p=sampling.get("top_p"), baseline=baseline,

@@ -9,7 +9,7 @@ that can be killed whole: no orphan engine cores, no GPU memory left behind.
 
 The parent talks to a worker over a ``multiprocessing`` pipe with small dicts; the
 worker owns an ``AsyncLLM`` and drives closed-loop load against it in-process (see
-``specledger.load``), reading the spec-decode counters as deltas around each run.
+``specledger.measure.driver``), reading the spec-decode counters as deltas around each run.
 """
 
 from __future__ import annotations
@@ -170,13 +170,13 @@ class ArmEngine:
     # -- commands --------------------------------------------------------------------------------------
     def run(self, *, prompts: list[str], concurrency: int, sampling: Mapping[str, Any], window_s: float,
             first_index: int = 0, timeout_s: float = 1800.0) -> dict[str, Any]:
-        """One steady-state window (``load.steady_window``) over ``prompts`` cycled from ``first_index``."""
+        """One steady-state window (``driver.steady_window``) over ``prompts`` cycled from ``first_index``."""
         return self._call({"cmd": "run", "prompts": prompts, "concurrency": concurrency, "window_s": window_s,
                            "first_index": first_index, "sampling": dict(sampling)}, timeout_s + window_s)["result"]
 
     def prompt_pass(self, *, prompts: list[str], concurrency: int, sampling: Mapping[str, Any],
                     timeout_s: float = 1800.0) -> dict[str, Any]:
-        """Every prompt once, each to its end (``load.prompt_pass``), with the counters read around it."""
+        """Every prompt once, each to its end (``driver.prompt_pass``), with the counters read around it."""
         return self._call({"cmd": "run", "prompts": prompts, "concurrency": concurrency, "window_s": None,
                            "sampling": dict(sampling), "timeout_s": timeout_s}, timeout_s + 60)["result"]
 
@@ -348,14 +348,14 @@ async def _run(engine: Any, tokenizer: Any, message: Mapping[str, Any]) -> dict[
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
-    from specledger import counters, load
+    from specledger.measure import counters, driver
 
     sampling = message["sampling"]
     token_ids = [chat_token_ids(tokenizer, prompt) for prompt in message["prompts"]]
     seed = sampling.get("seed")
     run_id = f"{time.monotonic_ns():x}"
 
-    async def submit(i: int, trace: load.RequestTrace) -> None:
+    async def submit(i: int, trace: driver.RequestTrace) -> None:
         params = SamplingParams(
             temperature=float(sampling.get("temperature", 0.0)),
             top_p=float(sampling.get("top_p", 1.0)),
@@ -371,10 +371,10 @@ async def _run(engine: Any, tokenizer: Any, message: Mapping[str, Any]) -> dict[
 
     before, timers_before = read_metrics()
     if message["window_s"] is None:
-        result = await load.prompt_pass(submit, concurrency=int(message["concurrency"]), n_prompts=len(token_ids),
+        result = await driver.prompt_pass(submit, concurrency=int(message["concurrency"]), n_prompts=len(token_ids),
                                         timeout_s=float(message.get("timeout_s", 1800.0)))
     else:
-        result = await load.steady_window(submit, concurrency=int(message["concurrency"]),
+        result = await driver.steady_window(submit, concurrency=int(message["concurrency"]),
                                           window_s=float(message["window_s"]),
                                           first_index=int(message.get("first_index", 0)), n_prompts=len(token_ids))
     # Stats of the last engine step (and of the aborts) are recorded just after its outputs are handed out.
@@ -585,7 +585,7 @@ def read_metrics() -> tuple[dict[str, Any], dict[str, list[float]]]:
     per-request timers (counters.REQUEST_TIMERS) as cumulative [sum, count]."""
     from vllm.v1.metrics.reader import Counter, Histogram, Vector, get_metrics_snapshot
 
-    from specledger.counters import REQUEST_TIMERS
+    from specledger.measure.counters import REQUEST_TIMERS
 
     totals: dict[str, Any] = {key: 0 for key in SPEC_COUNTERS.values()}
     per_pos: list[int] = []
@@ -607,4 +607,4 @@ def read_metrics() -> tuple[dict[str, Any], dict[str, list[float]]]:
 
 
 if __name__ == "__main__":  # pragma: no cover - nothing to run directly
-    sys.exit("specledger.engines is a library; use `specledger demo` or pytest")
+    sys.exit("specledger.measure.engines is a library; use `specledger demo` or pytest")

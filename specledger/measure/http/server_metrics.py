@@ -21,8 +21,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from specledger.counters import REQUEST_TIMERS
 from specledger.errors import SpecledgerError
+from specledger.measure.counters import REQUEST_TIMERS
 
 __all__ = [
     "COUNTER_FAMILIES",

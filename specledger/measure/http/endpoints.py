@@ -1,8 +1,8 @@
 """Ledger arms over HTTP: OpenAI-compatible vLLM servers (live ones, or started from the ledger).
 
 Teams run vLLM as a server with speculation fixed per endpoint at start. An `HTTPArm` plays the
-part of an in-process `engines.ArmEngine` for `measure`: `run(prompts=, concurrency=, sampling=,
-window_s=)` is one steady-state window (`load.steady_window`) and returns the same dict, with token
+part of an in-process `engines.ArmEngine` for `procedure`: `run(prompts=, concurrency=, sampling=,
+window_s=)` is one steady-state window (`driver.steady_window`) and returns the same dict, with token
 times from the SSE chunks (`return_token_ids` says how many tokens each chunk brought), so the same
 paired, interleaved protocol and the same verdicts verify a ledger through the API.
 
@@ -27,8 +27,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from specledger import counters, load, server_metrics, servers
-from specledger.server_metrics import EndpointError
+from specledger.measure import counters, driver
+from specledger.measure.http import server_metrics, servers
+from specledger.measure.http.server_metrics import EndpointError
 
 __all__ = ["EndpointError", "HTTPArm", "open_arms", "server_args", "start_servers"]
 
@@ -130,12 +131,12 @@ class HTTPArm:
         return self._measured(prompts, concurrency, sampling, window_s, first_index)
 
     def prompt_pass(self, *, prompts: list[str], concurrency: int, sampling: Mapping[str, Any]) -> dict[str, Any]:
-        """Every prompt once, each to its end (``load.prompt_pass``); counters are /metrics deltas."""
+        """Every prompt once, each to its end (``driver.prompt_pass``); counters are /metrics deltas."""
         return self._measured(prompts, concurrency, sampling, None, 0)
 
     def _measured(self, prompts: list[str], concurrency: int, sampling: Mapping[str, Any], window_s: float | None,
                   first_index: int) -> dict[str, Any]:
-        from specledger.engines import chat_token_ids  # no vLLM import at module level there
+        from specledger.measure.engines import chat_token_ids  # no vLLM import at module level there
 
         token_ids = [chat_token_ids(self.tokenizer, p) for p in prompts]
         before = server_metrics.read_spec_metrics(self.base_url)
@@ -156,7 +157,7 @@ class HTTPArm:
         async with aiohttp.ClientSession(timeout=timeout,
                                          connector=aiohttp.TCPConnector(limit=max(1, concurrency))) as http:
 
-            async def submit(i: int, trace: load.RequestTrace) -> None:
+            async def submit(i: int, trace: driver.RequestTrace) -> None:
                 body = {
                     "model": self.served_model,
                     "prompt": token_ids[i % len(token_ids)],
@@ -173,9 +174,9 @@ class HTTPArm:
                 await _stream_completion(http, url, body, trace)
 
             if window_s is None:
-                return await load.prompt_pass(submit, concurrency=concurrency, n_prompts=len(token_ids),
+                return await driver.prompt_pass(submit, concurrency=concurrency, n_prompts=len(token_ids),
                                               timeout_s=self.timeout_s)
-            return await load.steady_window(submit, concurrency=concurrency, window_s=window_s,
+            return await driver.steady_window(submit, concurrency=concurrency, window_s=window_s,
                                             first_index=first_index, n_prompts=len(token_ids))
 
     def close(self) -> None:
@@ -183,7 +184,7 @@ class HTTPArm:
             self.server.stop()
 
 
-async def _stream_completion(http: Any, url: str, body: Mapping[str, Any], trace: load.RequestTrace) -> None:
+async def _stream_completion(http: Any, url: str, body: Mapping[str, Any], trace: driver.RequestTrace) -> None:
     """POST one streaming completion and read it to [DONE], recording each chunk's tokens as they arrive.
 
     Closing the connection (the window's close cancels this coroutine) makes the server abort the request.
@@ -197,7 +198,7 @@ async def _stream_completion(http: Any, url: str, body: Mapping[str, Any], trace
         raise EndpointError(f"{url}: connection lost mid-request ({type(exc).__name__}: {exc})") from None
 
 
-async def _read_stream(http: Any, url: str, body: Mapping[str, Any], trace: load.RequestTrace) -> None:
+async def _read_stream(http: Any, url: str, body: Mapping[str, Any], trace: driver.RequestTrace) -> None:
     async with http.post(url, json=body) as response:
         if response.status != 200:
             raise EndpointError(f"{url}: HTTP {response.status}: {(await response.text())[:500]}")
@@ -248,7 +249,7 @@ def start_servers(ledger_data: Mapping[str, Any], model_path: str, *, progress: 
                   log_dir: str | os.PathLike[str] | None = None, extra_args: Sequence[str] = (),
                   source: str = "ledger", trusted: bool = False) -> dict[str, servers.VLLMServer]:
     """One server per ledger arm, flags from the arm (one after another); all stopped if one fails."""
-    from specledger.engines import arm_specs
+    from specledger.measure.engines import arm_specs
 
     started: dict[str, servers.VLLMServer] = {}
     try:

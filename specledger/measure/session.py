@@ -2,7 +2,7 @@
 
 Shared by the pytest plugin and the demo so both measure the same way. Engines of a
 ledger start on first use and stay up for the session (they are expensive to start; each
-point warms them up at its own concurrency, see specledger.measure); a point is measured once
+point warms them up at its own concurrency, see specledger.measure.procedure); a point is measured once
 for all its arms and cached, so two drafters in one ledger share the baseline run. The
 session also decides what a measurement may be compared with (the machine fingerprint),
 refuses to record on a busy machine, and says when a point needs more repeats.
@@ -19,15 +19,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specledger import engines, fingerprint, measure
 from specledger.analysis import verdict
 from specledger.errors import SpecledgerError
+from specledger.measure import engines, fingerprint, procedure
 from specledger.render.tables import config_differences
 from specledger.schema import SCHEMA_VERSION, Ledger, remove_stale_temporaries, write_ledger
 from specledger.selection import point_label
 
 if TYPE_CHECKING:
-    from specledger.endpoints import HTTPMode
+    from specledger.measure.http.endpoints import HTTPMode
 
 Progress = Callable[[str], None]
 
@@ -59,7 +59,7 @@ class SuiteSession:
         self._machines: dict[str, dict[str, Any] | None] = {}
         self._arms: dict[str, dict[str, Any]] = {}
         self._infos: dict[str, dict[str, Any]] = {}
-        self._cache: dict[tuple[str, tuple[str, float, int]], measure.PointMeasurement] = {}
+        self._cache: dict[tuple[str, tuple[str, float, int]], procedure.PointMeasurement] = {}
         self._recorded: dict[str, Ledger] = {}
         self._started = time.monotonic()
         self._started_at = _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
@@ -156,7 +156,7 @@ class SuiteSession:
         return (f"time budget: {elapsed:.0f} s spent, the slowest point took {slowest:.0f} s, the budget is "
                 f"{self.budget_s:.0f} s (resume with --ledger-record --ledger-only-missing)")
 
-    def cached(self, ledger: Ledger, key: tuple[str, float, int]) -> measure.PointMeasurement | None:
+    def cached(self, ledger: Ledger, key: tuple[str, float, int]) -> procedure.PointMeasurement | None:
         return self._cache.get((ledger.id, key))
 
     def machine(self, ledger: Ledger) -> dict[str, Any] | None:
@@ -177,11 +177,11 @@ class SuiteSession:
         if current is None:
             return None
         prov = ledger.data.get("provenance") or {}
-        run = measure.run_of_point(prov, point_label(key)) if key is not None else None
+        run = procedure.run_of_point(prov, point_label(key)) if key is not None else None
         diff = fingerprint.differences((run or prov).get("machine"), current)
         return f"another machine: {fingerprint.describe_differences(diff)}" if diff else None
 
-    def _more_rule(self, ledger: Ledger, key: tuple[str, float, int]) -> measure.MoreRule | None:
+    def _more_rule(self, ledger: Ledger, key: tuple[str, float, int]) -> procedure.MoreRule | None:
         """When a point gets more repeats: an inconclusive verdict (verify), or a CI wider than half the band
         (record)."""
         if not self.adaptive:
@@ -209,11 +209,11 @@ class SuiteSession:
 
         return unsettled
 
-    def measure(self, ledger: Ledger, key: tuple[str, float, int]) -> measure.PointMeasurement:
+    def measure(self, ledger: Ledger, key: tuple[str, float, int]) -> procedure.PointMeasurement:
         cache_key = (ledger.id, key)
         if cache_key not in self._cache:
             arms = self.arms_for(ledger)
-            threshold = float(measure.protocol_for(ledger)["busy_others_cpu_share"])
+            threshold = float(procedure.protocol_for(ledger)["busy_others_cpu_share"])
             before = fingerprint.sample_load(1.0)
             busy = fingerprint.is_busy(before, threshold)
             if busy:
@@ -221,7 +221,7 @@ class SuiteSession:
                 if self.record and not self.force_busy:
                     raise BusyMachine(f"{ledger.id} {key[0]}:{key[1]:g}:{key[2]}: not recorded: {message}")
                 self.progress(f"{ledger.id}: WARNING {message}")
-            m = measure.measure_point(ledger, arms, *key, root=self.root, progress=self.progress,
+            m = procedure.measure_point(ledger, arms, *key, root=self.root, progress=self.progress,
                                       more=self._more_rule(ledger, key))
             after = fingerprint.sample_load(1.0)
             m.point["load"] = {"before": before.as_json(), "after": after.as_json()}
@@ -237,7 +237,7 @@ class SuiteSession:
         return self._cache[cache_key]
 
     # -- recording ---------------------------------------------------------------------------------------
-    def store(self, ledger: Ledger, measured: measure.PointMeasurement) -> Path:
+    def store(self, ledger: Ledger, measured: procedure.PointMeasurement) -> Path:
         """Upsert the point into the ledger and write it atomically right away: a crash loses one point."""
         self._stored.add((ledger.id, measured.key))
         working = self._recorded.get(ledger.id)
@@ -252,19 +252,19 @@ class SuiteSession:
         points.append(measured.point)
         points.sort(key=lambda p: (p["workload"], p["temperature"], p["concurrency"]))
         data["points"] = points
-        facts = measure.arm_facts(working, self._infos[ledger.id])
+        facts = procedure.arm_facts(working, self._infos[ledger.id])
         for arm in data["arms"]:
             arm.update(facts.get(arm["name"], {}))
         data["status"] = "measured"
         data["schema_version"] = SCHEMA_VERSION
-        data["protocol"] = measure.protocol_for(working)
+        data["protocol"] = procedure.protocol_for(working)
         previous = data.get("provenance")
-        prov = measure.provenance(self._infos[ledger.id], command=self.command,
+        prov = procedure.provenance(self._infos[ledger.id], command=self.command,
                                   wall_s=time.monotonic() - self._started, root=self.root,
                                   machine=self.machine(ledger))
         prov["time_s"] = self.time_breakdown(ledger.id)
         recorded = [point_label(key) for (lid, key) in self._stored if lid == ledger.id]
-        prov["runs"] = measure.merge_runs(previous, prov, self._started_at, recorded)
+        prov["runs"] = procedure.merge_runs(previous, prov, self._started_at, recorded)
         data["provenance"] = prov
         target = self._target_path(ledger)
         write_ledger(target, data, overwrite=True)
