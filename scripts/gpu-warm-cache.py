@@ -23,9 +23,9 @@ def _flashinfer_modules(root: Path) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    from specledger.ledger import load_ledger
     from specledger.measure import engines
     from specledger.models import resolve_model
-    from specledger.schema import load_ledger
 
     ledger = load_ledger(argv[0] if argv else "ledgers/h200-smollm2-copy.json")
     arms = argv[1:] or ["baseline"]

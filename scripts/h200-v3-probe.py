@@ -31,9 +31,10 @@ BENCH_CONCURRENCIES = tuple(int(c) for c in os.environ.get("PROBE_BENCH_CONCURRE
 
 
 def main() -> int:
+    from specledger.ledger import Ledger, load_ledger
+    from specledger.ledger.model import DEFAULT_PROTOCOL
     from specledger.measure import procedure
     from specledger.measure.session import SuiteSession
-    from specledger.schema import DEFAULT_PROTOCOL, Ledger, load_ledger
 
     out = Path(os.environ.get("RESULTS_DIR", "/tmp/results"))
     out.mkdir(parents=True, exist_ok=True)

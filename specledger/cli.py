@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from specledger import __version__
-from specledger.schema import Ledger, LedgerError, iter_ledger_paths, load_ledger
+from specledger.ledger import Ledger, LedgerError, iter_ledger_paths, load_ledger
 
 __all__ = ["COMMANDS", "Command", "command", "main"]
 
@@ -434,8 +434,8 @@ def _pairs(values: Sequence[str], flag: str) -> list[tuple[str, str]]:
 def cmd_import_bench(args: argparse.Namespace) -> int:
     import json
 
-    from specledger.bench_import import BenchImportError, import_bench
-    from specledger.schema import write_ledger
+    from specledger.importers.vllm_bench import BenchImportError, import_bench
+    from specledger.ledger import write_ledger
 
     missing = [f for f in args.files if not Path(f).exists()]  # a FIFO or device exists: refused on reading
     if missing:
@@ -581,8 +581,8 @@ def _replan_arguments(parser: argparse.ArgumentParser) -> None:
 def cmd_replan(args: argparse.Namespace) -> int:
     import json
 
-    from specledger.migrate import replan_data
-    from specledger.schema import write_ledger
+    from specledger.ledger import write_ledger
+    from specledger.ledger.migrate import replan_data
 
     try:
         protocol = json.loads(args.protocol) if args.protocol else None
@@ -613,8 +613,8 @@ def cmd_replan(args: argparse.Namespace) -> int:
     _migrate_arguments,
 )
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from specledger.migrate import migrate_file
-    from specledger.schema import write_ledger
+    from specledger.ledger import write_ledger
+    from specledger.ledger.migrate import migrate_file
 
     to_stdout = not args.in_place and args.out is None
     if args.force and args.out is None:

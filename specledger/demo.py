@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from specledger.analysis import verdict
+from specledger.ledger import Ledger, load_ledger
 from specledger.render import tables
-from specledger.schema import Ledger, load_ledger
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -27,9 +27,9 @@ from typing import Any
 
 import pytest
 
-from specledger import selection, xdist_support
-from specledger.schema import Ledger, LedgerError, load_ledger
-from specledger.selection import LedgerPoint
+from specledger import xdist_support
+from specledger.ledger import Ledger, LedgerError, load_ledger, selection
+from specledger.ledger.selection import LedgerPoint
 
 RECORD_HELP = ("record: measure and write the ledgers' points (atomic; replaces committed figures of the "
                "points measured; nothing is written without this flag)")
@@ -56,7 +56,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "points left are skipped, and --ledger-record --ledger-only-missing resumes them")
     group.addoption("--ledger-trust", action="store_true", default=False,
                     help="pass every engine argument and environment variable of the ledgers to vLLM, also those "
-                         "outside specledger's allowlist (specledger.trust): only for ledgers you wrote or read")
+                         "outside specledger's allowlist (specledger.ledger.trust): only for ledgers you wrote or read")
     group.addoption("--ledger-strict", action="store_true", default=False,
                     help="an inconclusive point fails (default: shown as its own outcome, with its CI and the "
                          "repeats it would need)")
@@ -238,8 +238,8 @@ def check_point(session: Any, point: LedgerPoint, item: pytest.Item | None = Non
     committed = point.ledger.find_point(*point.key)
     # scipy: imported once a ledger point runs, not when pytest loads the plugin
     from specledger.analysis import verdict
+    from specledger.ledger.trust import UntrustedLedger
     from specledger.measure.http.server_metrics import EndpointError
-    from specledger.trust import UntrustedLedger
 
     try:
         measured = session.measure(point.ledger, point.key)

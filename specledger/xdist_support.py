@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from specledger import gpu_assignment
-from specledger.schema import Ledger, LedgerError, load_ledger
-from specledger.selection import PointSelector, points
+from specledger.ledger import Ledger, LedgerError, load_ledger
+from specledger.ledger.selection import PointSelector, points
 
 __all__ = ["auto_num_workers", "ledger_groups", "make_scheduler", "pin_xdist_worker", "selected_gpu_ledgers",
            "selects_gpu"]

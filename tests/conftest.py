@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from specledger import plugin
+from specledger.ledger import load_ledger
 from specledger.measure.http import endpoints, servers
-from specledger.schema import load_ledger
 
 CPU_LEDGER = Path(__file__).resolve().parents[1] / "ledgers" / "cpu-smollm2.json"
 

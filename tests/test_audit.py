@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from specledger import stats
 from specledger.analysis.audit import Finding, at_least, audit_ledger, audit_paths
-from specledger.figures import decimals_of, ratio_interval, rounds_to
-from specledger.schema import Ledger, load_ledger, parse_ledger
+from specledger.ledger import Ledger, load_ledger, parse_ledger
+from specledger.ledger.figures import decimals_of, ratio_interval, rounds_to
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = Path(__file__).parent / "data" / "measured-small.json"

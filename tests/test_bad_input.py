@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from specledger.cli import main
-from specledger.schema import MAX_INPUT_BYTES, MAX_JSON_DEPTH
+from specledger.ledger.safe_read import MAX_INPUT_BYTES, MAX_JSON_DEPTH
 
 DATA = Path(__file__).parent / "data"
 SMALL = DATA / "measured-small.json"
@@ -222,7 +222,7 @@ def test_a_file_over_the_size_limit_is_too_large(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert out.splitlines()[0] == (
         f"{big}: $: too large: {MAX_INPUT_BYTES + 1:,} bytes; a ledger may be at most "
-        f"{MAX_INPUT_BYTES // 2**20} MiB (specledger.schema.MAX_INPUT_BYTES)"
+        f"{MAX_INPUT_BYTES // 2**20} MiB (specledger.ledger.safe_read.MAX_INPUT_BYTES)"
     )
 
 

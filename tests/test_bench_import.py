@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
-from specledger.bench_import import IMPORT_PREFIX, BenchImportError, import_bench
 from specledger.cli import main
+from specledger.importers.vllm_bench import IMPORT_PREFIX, BenchImportError, import_bench
+from specledger.ledger import load_ledger, write_ledger
 from specledger.measure.http import servers
-from specledger.schema import load_ledger, write_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data" / "bench"
@@ -231,7 +231,7 @@ def test_cli_problems_exit_1_and_name_the_file(tmp_path, capsys):
 
 
 def test_the_library_modules_do_not_import_vllm():
-    code = "import sys, specledger.bench_import, specledger.measure.http.servers; print('vllm' in sys.modules)"
+    code = "import sys, specledger.importers.vllm_bench, specledger.measure.http.servers; print('vllm' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from specledger import selection
 from specledger.analysis import verdict
+from specledger.ledger import Ledger, dump_ledger, load_ledger, parse_ledger, selection
+from specledger.ledger.model import DEFAULT_PROTOCOL
 from specledger.measure import counters, driver, procedure
 from specledger.render import tables
-from specledger.schema import DEFAULT_PROTOCOL, Ledger, dump_ledger, load_ledger, parse_ledger
 
 ROOT = Path(__file__).resolve().parent.parent
 

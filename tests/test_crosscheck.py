@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from specledger import stats
+from specledger.ledger import load_ledger
 from specledger.measure import crosscheck
 from specledger.measure.http import servers
-from specledger.schema import load_ledger
 from specledger.stats import Estimate
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -154,9 +154,9 @@ def test_ledgers_with_the_same_arms_share_one_start_and_others_get_their_own(tmp
     import copy
     import json
 
+    from specledger.ledger import parse_ledger
+    from specledger.ledger.migrate import replan_data
     from specledger.measure.session import SuiteSession
-    from specledger.migrate import replan_data
-    from specledger.schema import parse_ledger
 
     data = replan_data(json.loads((ROOT / "ledgers" / "cpu-smollm2.json").read_text()))
     data["arms"] = [arm for arm in data["arms"] if arm["role"] == "baseline"]

@@ -1,4 +1,4 @@
-"""specledger.figures: the one home of a stored point's multiplier, its bar, and the spread of the repeats."""
+"""specledger.ledger.figures: the one home of a stored point's multiplier, its bar, and the spread of the repeats."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specledger import figures
-from specledger.schema import load_ledger
+from specledger.ledger import figures, load_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 V3 = load_ledger(ROOT / "ledgers" / "h200-smollm2-copy.json")

@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 
-from specledger import plugin, selection
+from specledger import plugin
 from specledger.cli import main
+from specledger.ledger import load_ledger, selection, write_ledger
 from specledger.measure import counters, procedure, watch
 from specledger.measure.http import endpoints, server_metrics, servers
 from specledger.measure.http.server_metrics import EndpointError
-from specledger.schema import load_ledger, write_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 LEDGER = ROOT / "ledgers" / "cpu-smollm2.json"

@@ -20,8 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from specledger.migrate import replan_data
-from specledger.schema import load_ledger, stale_temporaries
+from specledger.ledger import load_ledger
+from specledger.ledger.io import stale_temporaries
+from specledger.ledger.migrate import replan_data
 
 pytestmark = pytest.mark.engine
 

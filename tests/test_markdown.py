@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from specledger.cli import main
+from specledger.ledger import load_ledger, parse_ledger
+from specledger.ledger.model import DEFAULT_PROTOCOL
 from specledger.render.markdown import effective_config_differences, markdown_table, write_report
-from specledger.schema import DEFAULT_PROTOCOL, load_ledger, parse_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_PATH = Path(__file__).parent / "data" / "measured-small.json"

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from specledger import schema
+import specledger.ledger as ledger_package
 from specledger.cli import main
-from specledger.migrate import migrate_data, migrate_file, replan_data
-from specledger.schema import LedgerError, dump_ledger, has_figures, load_ledger, parse_ledger
+from specledger.ledger import LedgerError, dump_ledger, load_ledger, parse_ledger
+from specledger.ledger.migrate import migrate_data, migrate_file, replan_data
+from specledger.ledger.model import DEFAULT_PROTOCOL, has_figures
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = sorted([*(ROOT / "ledgers").glob("*.json"), *(ROOT / "tests" / "data").glob("*.json")])
@@ -201,7 +202,7 @@ def test_out_dir_refuses_to_overwrite_and_creates_nothing_half_way(v1_pair, tmp_
 def test_out_dir_rolls_back_when_a_write_fails(v1_pair, tmp_path, monkeypatch, capsys):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    real = schema.write_ledger
+    real = ledger_package.write_ledger
     calls = []
 
     def flaky(path, data, *, overwrite):
@@ -210,7 +211,7 @@ def test_out_dir_rolls_back_when_a_write_fails(v1_pair, tmp_path, monkeypatch, c
             raise OSError(28, "No space left on device")
         real(path, data, overwrite=overwrite)
 
-    monkeypatch.setattr(schema, "write_ledger", flaky)
+    monkeypatch.setattr(ledger_package, "write_ledger", flaky)  # where cli looks it up
     assert main(["migrate", *map(str, v1_pair), "-o", str(out_dir)]) == 2
     assert "No space left on device" in capsys.readouterr().err
     assert list(out_dir.iterdir()) == []
@@ -292,7 +293,7 @@ def test_replan_keeps_the_conditions_and_the_gpu_and_drops_every_figure():
     assert not any(k in a for a in planned.arms for k in ("effective_config", "kv_cache", "sessions"))
     assert list(planned.grid()) == list(source.grid())
     assert planned.data["protocol"]["window"] == {"min_s": 2.5, "min_rounds": 4, "sized_by": "each arm"}
-    assert planned.data["protocol"]["repeats"] == schema.DEFAULT_PROTOCOL["repeats"]
+    assert planned.data["protocol"]["repeats"] == DEFAULT_PROTOCOL["repeats"]
     assert "repeats" not in planned.data["sweep"] and planned.tolerances == source.tolerances
     assert set(planned.data["provenance"]) == {"accelerator"}
     assert source.points  # the input is left as it was

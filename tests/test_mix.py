@@ -20,7 +20,7 @@ from specledger.analysis.mix import (
     render_fleet,
 )
 from specledger.cli import main
-from specledger.schema import Ledger, load_ledger, parse_ledger
+from specledger.ledger import Ledger, load_ledger, parse_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 H200_PATH = ROOT / "tests" / "data" / "h200-smollm2.json"

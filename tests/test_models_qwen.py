@@ -489,7 +489,7 @@ def _embedded_refs(data: dict[str, Any]) -> list[str]:
 
 
 def test_every_embedded_reference_in_a_ledger_is_known() -> None:
-    from specledger.schema import iter_ledger_paths, load_ledger
+    from specledger.ledger import iter_ledger_paths, load_ledger
 
     for path in iter_ledger_paths([REPO / "ledgers"]):
         ledger = load_ledger(path)
@@ -503,7 +503,7 @@ def test_every_embedded_reference_in_a_ledger_is_known() -> None:
 def test_qwen_ledgers_are_gpu_ledgers_planned_or_being_recorded() -> None:
     """The Qwen ledgers' conditions, as planned; a ledger the H200 visits have started to record keeps them,
     and holds only points of its own grid."""
-    from specledger.schema import Ledger, load_ledger
+    from specledger.ledger import Ledger, load_ledger
 
     grid_t0 = [(w, 0.0, c) for w in ("copy", "free-form") for c in (1, 2, 4, 8, 16, 64)]
     grid_t1 = [(w, 1.0, c) for w in ("copy", "free-form") for c in (1, 8)]
@@ -547,8 +547,8 @@ def test_qwen_ledgers_are_gpu_ledgers_planned_or_being_recorded() -> None:
 
 def test_draft_arm_resolves_to_the_embedded_draft(draft_built: Path, tmp_path: Path) -> None:
     """engines.arm_specs hands vLLM the built 0.5B folder for `model: embedded:qwen2.5-coder-0.5b`."""
+    from specledger.ledger import load_ledger
     from specledger.measure import engines
-    from specledger.schema import load_ledger
 
     ledger = load_ledger(REPO / "ledgers" / "h200-qwen2.5-coder-1.5b.json")
     specs = {s.name: s for s in engines.arm_specs(ledger.data, str(tmp_path))}

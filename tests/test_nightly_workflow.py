@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from specledger.gpu_assignment import gpus_needed
-from specledger.schema import load_ledger
+from specledger.ledger import load_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW = yaml.safe_load((ROOT / ".github" / "workflows" / "gpu-nightly.yml").read_text())

@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 
 from specledger.analysis import theory
 from specledger.cli import main
+from specledger.ledger import Ledger, load_ledger, parse_ledger
 from specledger.render.plots import (
     NothingToPlot,
     acceptance_figure,
@@ -19,7 +20,6 @@ from specledger.render.plots import (
     throughput_figure,
     write_plots,
 )
-from specledger.schema import Ledger, load_ledger, parse_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_PATH = Path(__file__).parent / "data" / "measured-small.json"

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specledger.migrate import replan_data
+from specledger.ledger.migrate import replan_data
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -22,7 +22,7 @@ from specledger.analysis.policy import (
     schedule_support,
 )
 from specledger.cli import main
-from specledger.schema import load_ledger, parse_ledger
+from specledger.ledger import load_ledger, parse_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "tests" / "data" / "h200-smollm2.json"

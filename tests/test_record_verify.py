@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from specledger.ledger import load_ledger
+from specledger.ledger.migrate import replan_data
 from specledger.measure import fingerprint
-from specledger.migrate import replan_data
 from specledger.plugin import say
-from specledger.schema import load_ledger
 
 pytestmark = pytest.mark.engine
 

@@ -11,24 +11,26 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 
-from specledger import schema
-from specledger.schema import (
-    DEFAULT_PROTOCOL,
-    SCHEMA_PATHS,
-    SCHEMA_VERSION,
-    SCHEMA_VERSIONS,
+from specledger.ledger import (
     Ledger,
     LedgerError,
-    Problem,
     dump_ledger,
     iter_ledger_paths,
     load_ledger,
-    load_schema,
     parse_ledger,
-    protocol_over_defaults,
-    protocol_with_overrides,
     write_ledger,
 )
+from specledger.ledger import io as ledger_io
+from specledger.ledger.model import (
+    DEFAULT_PROTOCOL,
+    SCHEMA_VERSION,
+    SCHEMA_VERSIONS,
+    Problem,
+    json_path,
+    protocol_over_defaults,
+    protocol_with_overrides,
+)
+from specledger.ledger.validate import SCHEMA_PATH, SCHEMA_PATHS, load_schema
 
 DATA = Path(__file__).parent / "data"
 SMALL = DATA / "measured-small.json"
@@ -70,8 +72,8 @@ def test_schema_is_valid_draft_2020_12():
     Draft202012Validator.check_schema(load_schema())
     assert load_schema() is load_schema()  # cached
     assert SCHEMA_VERSION == 2 and SCHEMA_VERSIONS == (1, 2)
-    assert json.loads(schema.SCHEMA_PATH.read_text())["$schema"].endswith("2020-12/schema")
-    assert schema.SCHEMA_PATH.name == "ledger-v2.schema.json"
+    assert json.loads(SCHEMA_PATH.read_text())["$schema"].endswith("2020-12/schema")
+    assert SCHEMA_PATH.name == "ledger-v2.schema.json"
     for version in SCHEMA_VERSIONS:
         Draft202012Validator.check_schema(load_schema(version))
         assert load_schema(version)["properties"]["schema_version"] == {
@@ -541,7 +543,7 @@ def test_write_is_atomic_when_dump_fails(tmp_path, small, monkeypatch):
     def broken(data):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(schema, "dump_ledger", broken)
+    monkeypatch.setattr(ledger_io, "dump_ledger", broken)
     with pytest.raises(RuntimeError):
         write_ledger(path, {**small, "title": "changed"}, overwrite=True)
     assert path.read_bytes() == before
@@ -556,7 +558,7 @@ def test_write_is_atomic_when_the_rename_fails(tmp_path, small, monkeypatch):
     def broken(src, dst):
         raise OSError("rename failed")
 
-    monkeypatch.setattr(schema.os, "replace", broken)
+    monkeypatch.setattr(ledger_io.os, "replace", broken)
     with pytest.raises(OSError, match="rename failed"):
         write_ledger(path, {**small, "title": "changed"}, overwrite=True)
     assert path.read_bytes() == before
@@ -571,7 +573,7 @@ def test_write_is_atomic_when_the_write_fails(tmp_path, small, monkeypatch):
     def broken(fd):
         raise OSError("fsync failed")
 
-    monkeypatch.setattr(schema.os, "fsync", broken)
+    monkeypatch.setattr(ledger_io.os, "fsync", broken)
     with pytest.raises(OSError, match="fsync failed"):
         write_ledger(path, {**small, "title": "changed"}, overwrite=True)
     assert path.read_bytes() == before
@@ -712,7 +714,7 @@ def test_v2_fields_are_unknown_in_a_v1_ledger(tmp_path, small, where, field):
     for part in where:
         target = target[part]
     target[field] = {"protocol": DEFAULT_PROTOCOL, "machine": MACHINE}.get(field, [1.0, 2.0] if "ci95" in field else 1)
-    problem = single(problems_of(write(tmp_path, json.dumps(small))), schema.json_path([*where, field]))
+    problem = single(problems_of(write(tmp_path, json.dumps(small))), json_path([*where, field]))
     assert problem.message == f"unknown field {field!r} (schema version 1 has no such field)"
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from specledger.ledger import load_ledger, parse_ledger
 from specledger.render.tables import CRITICAL_COLUMNS, POINTS_COLUMNS, critical_table, format_table, points_table
-from specledger.schema import load_ledger, parse_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = load_ledger(Path(__file__).parent / "data" / "measured-small.json")

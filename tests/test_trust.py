@@ -1,4 +1,4 @@
-"""A ledger from someone else must not run code through engine settings (specledger.trust)."""
+"""A ledger from someone else must not run code through engine settings (specledger.ledger.trust)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from specledger import trust
 from specledger.cli import main
+from specledger.ledger import iter_ledger_paths, load_ledger, trust
 from specledger.measure import engines
-from specledger.schema import iter_ledger_paths, load_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_LEDGER = ROOT / "ledgers" / "cpu-smollm2.json"

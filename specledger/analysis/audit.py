@@ -26,9 +26,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from specledger import figures, stats
+from specledger import stats
 from specledger.analysis import theory
-from specledger.figures import (
+from specledger.ledger import Ledger, LedgerError, figures, iter_ledger_paths, load_ledger
+from specledger.ledger.figures import (
     decimals_of,
     decimals_word,
     eps,
@@ -39,7 +40,7 @@ from specledger.figures import (
     ratio_interval,
     rounds_to,
 )
-from specledger.schema import Ledger, LedgerError, Problem, iter_ledger_paths, json_path, load_ledger
+from specledger.ledger.model import Problem, json_path
 
 __all__ = [
     "SEVERITIES",

@@ -36,19 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from specledger import figures
 from specledger.analysis import theory
 from specledger.errors import SpecledgerError
-from specledger.figures import decimals_of, decimals_word, rounds_to
-from specledger.schema import (
-    Ledger,
-    LedgerError,
-    Problem,
-    iter_ledger_paths,
-    load_json_safely,
-    load_ledger,
-    read_text_safely,
-)
+from specledger.ledger import Ledger, LedgerError, figures, iter_ledger_paths, load_ledger
+from specledger.ledger.figures import decimals_of, decimals_word, rounds_to
+from specledger.ledger.model import Problem
+from specledger.ledger.safe_read import load_json_safely, read_text_safely
 
 __all__ = [
     "METRICS",

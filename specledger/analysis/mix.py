@@ -16,8 +16,8 @@ import pandas as pd
 
 from specledger.analysis import theory
 from specledger.errors import SpecledgerError
+from specledger.ledger import Ledger
 from specledger.render.tables import points_table
-from specledger.schema import Ledger
 
 __all__ = [
     "WEIGHT_SUM_TOLERANCE",

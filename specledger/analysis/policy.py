@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from specledger.schema import Ledger
+from specledger.ledger import Ledger
 
 __all__ = [
     "SCHEDULE_SUPPORT",

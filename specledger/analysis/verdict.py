@@ -18,8 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from specledger import figures, stats
-from specledger.schema import LEGACY_ACCEPTANCE, Ledger
+from specledger import stats
+from specledger.ledger import Ledger, figures
+from specledger.ledger.model import LEGACY_ACCEPTANCE
 
 
 @dataclass(frozen=True)

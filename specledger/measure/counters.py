@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from specledger import figures
+from specledger.ledger import figures
 
 COUNTS = ("drafts", "draft_tokens", "accepted_tokens")
 #: Per-request histograms whose (sum, count) deltas time a run inside the engine: the engine

@@ -58,8 +58,9 @@ def write_bench_jsonl(path: str | Path, prompts: Sequence[str], tokenizer: Any) 
 
 
 def parse_bench_result(result: Mapping[str, Any]) -> dict[str, Any]:
-    """The figures of one bench result (seconds, tokens/s; acceptance as a fraction, as `bench_import` reads it)."""
-    from specledger.bench_import import BenchRun, _acceptance
+    """The figures of one bench result (seconds, tokens/s; acceptance as a fraction, as `importers.vllm_bench` reads
+    it)."""
+    from specledger.importers.vllm_bench import BenchRun, _acceptance
 
     def seconds(key: str) -> float | None:
         value = result.get(f"{key}_ms")
@@ -240,25 +241,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=8, help="requests per bench run / concurrency (default 8)")
     parser.add_argument("-o", "--out", metavar="PATH", help="write the result as JSON")
     parser.add_argument("--trust", action="store_true",
-                        help="pass engine settings outside specledger's allowlist to the servers (specledger.trust)")
+                        help="pass engine settings outside specledger's allowlist to the servers "
+                             "(specledger.ledger.trust)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Suite over HTTP, then the bench, on the same servers; 0 when they agree, 1 when not, 2 usage, 3 servers."""
     import copy
 
+    from specledger.ledger import Ledger, load_ledger
     from specledger.measure import procedure
     from specledger.measure.http import endpoints
     from specledger.measure.http.server_metrics import EndpointError
     from specledger.measure.session import SuiteSession
     from specledger.models import resolve_model
-    from specledger.schema import Ledger, load_ledger
 
     def say(line: str) -> None:
         print(f"[crosscheck {time.strftime('%H:%M:%S')}] {line}", flush=True)
 
-    from specledger import trust
-    from specledger.schema import LedgerError
+    from specledger.ledger import LedgerError, trust
 
     try:  # a ledger that does not load, or that would pass code to the servers: exit 1, nothing started
         ledger = load_ledger(args.ledger)

@@ -69,9 +69,9 @@ def arm_specs(ledger_data: Mapping[str, Any], model_path: str, arm_names: Iterab
     The target's dtype, quantization, KV-cache dtype and max length are engine
     arguments too; they live under ``target`` because they define the checkpoint.
     Every path from a ledger to an engine or server passes here, so the allowlist of
-    `specledger.trust` is enforced here (UntrustedLedger, naming `source`), unless `trusted`.
+    `specledger.ledger.trust` is enforced here (UntrustedLedger, naming `source`), unless `trusted`.
     """
-    from specledger import trust
+    from specledger.ledger import trust
 
     trust.check(ledger_data, source, trusted=trusted)
     target = ledger_data["target"]

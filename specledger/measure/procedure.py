@@ -40,8 +40,9 @@ import numpy as np
 
 from specledger import __version__, stats
 from specledger.analysis.theory import sessions as sessions_at
+from specledger.ledger import Ledger
+from specledger.ledger.model import protocol_over_defaults
 from specledger.measure import counters
-from specledger.schema import Ledger, protocol_over_defaults
 from specledger.workloads import load_workload, resolve_fixture
 
 Progress = Callable[[str], None]

@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 from specledger.analysis import verdict
 from specledger.errors import SpecledgerError
+from specledger.ledger import Ledger, write_ledger
+from specledger.ledger.io import remove_stale_temporaries
+from specledger.ledger.model import SCHEMA_VERSION
+from specledger.ledger.selection import point_label
 from specledger.measure import engines, fingerprint, procedure
 from specledger.render.tables import config_differences
-from specledger.schema import SCHEMA_VERSION, Ledger, remove_stale_temporaries, write_ledger
-from specledger.selection import point_label
 
 if TYPE_CHECKING:
     from specledger.measure.http.endpoints import HTTPMode
@@ -76,14 +78,14 @@ class SuiteSession:
     def arms_for(self, ledger: Ledger) -> dict[str, Any]:
         """The ledger's arms (in-process engines, or HTTP endpoints in HTTP mode), started and warmed once."""
         if ledger.id in self._failed_start:
-            from specledger.trust import UntrustedLedger
+            from specledger.ledger.trust import UntrustedLedger
 
             if isinstance(self._failed_start[ledger.id], UntrustedLedger):
                 raise self._failed_start[ledger.id]
             raise RuntimeError(f"{ledger.id}: engines failed to start earlier in this session") \
                 from self._failed_start[ledger.id]
         if ledger.id not in self._arms:
-            from specledger import trust
+            from specledger.ledger import trust
             from specledger.models import resolve_model
 
             try:  # before the model build: an untrusted ledger is refused at once

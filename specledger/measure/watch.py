@@ -22,10 +22,10 @@ from statistics import median
 from typing import Any
 
 from specledger.errors import SpecledgerError
+from specledger.ledger import Ledger
 from specledger.measure import counters
 from specledger.measure.http import server_metrics
 from specledger.measure.http.server_metrics import EndpointError
-from specledger.schema import Ledger
 
 __all__ = ["Drift", "Expected", "SlidingWindow", "Verdict", "expected_acceptance", "judge", "watch"]
 

@@ -19,9 +19,10 @@ from typing import Any
 import pandas as pd
 
 from specledger import __version__
+from specledger.ledger import Ledger
+from specledger.ledger.model import protocol_over_defaults
 from specledger.render.plots import PLOT_KINDS, NothingToPlot, plot_path, temperature_label, write_plots
 from specledger.render.tables import DRAFTER_CONFIG_KEYS, config_differences, critical_table, points_table
-from specledger.schema import Ledger, protocol_over_defaults
 
 __all__ = [
     "effective_config_differences",

@@ -20,11 +20,10 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
-from specledger import figures
 from specledger.analysis import theory
 from specledger.errors import SpecledgerError
+from specledger.ledger import Ledger, figures
 from specledger.render.tables import critical_table, points_table
-from specledger.schema import Ledger
 
 __all__ = [
     "PLOT_KINDS",

@@ -14,9 +14,8 @@ from typing import Any
 
 import pandas as pd
 
-from specledger import figures
 from specledger.analysis import theory
-from specledger.schema import Ledger
+from specledger.ledger import Ledger, figures
 
 __all__ = ["CRITICAL_COLUMNS", "DRAFTER_CONFIG_KEYS", "POINTS_COLUMNS", "config_differences", "critical_table",
            "format_table", "points_table"]

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from specledger.errors import SpecledgerError
-from specledger.schema import Problem, json_path
+from specledger.ledger.model import Problem, json_path
 
 __all__ = ["ENGINE_ARGS", "ENV", "SPECULATIVE_CONFIG", "UntrustedLedger", "untrusted_settings", "check"]
 

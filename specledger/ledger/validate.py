@@ -1,150 +1,70 @@
-"""The ledger format: JSON Schema, loading, validation errors with file + JSON path, atomic writes.
+"""Validating ledgers: the packaged JSON Schema of each version (`SCHEMA_PATHS`, `load_schema`) and the rules a
+schema cannot express, then `parse_ledger`, which runs them all.
 
-A ledger is data, never code: it is parsed with `json` (no pickle, no eval), checked against
-the packaged JSON Schema of its own `schema_version` and then against the rules a schema
-cannot express (unique names, references between sections; for version 2 also what protocol v3
-points must carry). Every problem names the file and the JSON path of the value it is about,
-and all problems are collected before raising once, so one run shows everything to fix. Version
-2 is what is written; version 1 ledgers still load (`specledger migrate` rewrites them as 2).
-This module knows nothing about vLLM.
+A ledger is data, never code: it is parsed with `json` (no pickle, no eval, see `safe_read`), checked against the
+packaged JSON Schema of its own `schema_version` and then against the rules a schema cannot express (unique names,
+references between sections, figures, GPU memory, duplicate points; for version 2 also what protocol v3 points must
+carry). Every problem names the file and the JSON path of the value it is about, and all problems are collected
+before raising once, so one run shows everything to fix. Version 2 is what is written; version 1 ledgers still load
+(`specledger migrate` rewrites them as 2).
+
+jsonschema is imported only when a ledger is first validated (`_validator`), so importing this module stays cheap:
+the pytest plugin imports it in every pytest session of a project that has specledger installed. Reading files and
+writing ledgers are `io`'s, which builds on `parse_ledger`; this module needs only `model` and `safe_read`.
+
+Over 500 lines on purpose: it is one list of checks over one ledger, each a function of (data, file) returning
+problems; splitting the list would only scatter the rules a reader checks a ledger against.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
-import os
 import re
-import stat
-import sys
-import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from functools import cache
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specledger.errors import SpecledgerError
+from specledger.ledger.model import (
+    SCHEMA_VERSION,
+    SCHEMA_VERSIONS,
+    Ledger,
+    LedgerError,
+    PointKey,
+    Problem,
+    has_figures,
+    is_gpu_ledger,
+    json_path,
+)
+from specledger.ledger.safe_read import decode_json
 
 if TYPE_CHECKING:
     from jsonschema import Draft202012Validator
 
 __all__ = [
-    "DEFAULT_PROTOCOL",
-    "DEFAULT_ROUNDING",
-    "DEFAULT_TOLERANCES",
-    "LEGACY_ACCEPTANCE",
-    "MAX_INPUT_BYTES",
-    "MAX_JSON_DEPTH",
+    "MAX_SUMMED_GPU_MEMORY_UTILIZATION",
     "SCHEMA_PATH",
     "SCHEMA_PATHS",
-    "SCHEMA_VERSION",
-    "SCHEMA_VERSIONS",
-    "Ledger",
-    "LedgerError",
-    "Problem",
-    "dump_ledger",
-    "has_figures",
-    "iter_ledger_paths",
-    "json_path",
-    "load_json_safely",
-    "load_ledger",
+    "VLLM_DEFAULT_GPU_MEMORY_UTILIZATION",
     "load_schema",
     "parse_ledger",
-    "protocol_over_defaults",
-    "protocol_with_overrides",
-    "read_text_safely",
-    "remove_stale_temporaries",
-    "stale_temporaries",
-    "write_ledger",
 ]
 
-#: The version this specledger writes.
-SCHEMA_VERSION = 2
-#: Every version this specledger reads, oldest first; each is checked against its own schema file.
-SCHEMA_VERSIONS: tuple[int, ...] = (1, 2)
 #: The packaged schema file of each version (a real path for any normal, non-zipped install).
 SCHEMA_PATHS: Mapping[int, Traversable] = {
-    version: resources.files("specledger").joinpath(f"schemas/ledger-v{version}.schema.json")
+    version: resources.files("specledger.ledger").joinpath(f"schemas/ledger-v{version}.schema.json")
     for version in SCHEMA_VERSIONS
 }
 #: The schema file of the version that is written.
 SCHEMA_PATH: Traversable = SCHEMA_PATHS[SCHEMA_VERSION]
 
-#: Protocol v3's settings, for recording into a ledger that states none (copy it before changing it:
-#: it is a plain dict so that it can go into a ledger's JSON as it is).
-DEFAULT_PROTOCOL: dict[str, Any] = {
-    "version": 3,
-    "window": {"min_s": 10.0, "min_rounds": 4},
-    "warmup": {"max_windows": 4, "agree_rel": 0.1},
-    "repeats": {"min": 5, "max": 12},
-    "busy_others_cpu_share": 0.15,
-    "statistics": {
-        "confidence": 0.95,
-        "method": "BCa",
-        "n_resamples": 9999,
-        "estimator": "ratio of mean window throughput over paired repeats",
-    },
-    "acceptance": {"from": "pass"},
-}
-#: The acceptance section of a v3 protocol that states none: it was recorded before the acceptance
-#: pass existed, so its acceptance figures came from the timed windows.
-LEGACY_ACCEPTANCE: Mapping[str, Any] = {"from": "windows"}
-
-
-def protocol_over_defaults(own: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A ledger's stated protocol over DEFAULT_PROTOCOL, section by section (sub-dicts merged, so a
-    ledger can state one knob); a new dict. The schema forbids sections it does not know.
-
-    A stated protocol without an ``acceptance`` section took acceptance from its windows
-    (LEGACY_ACCEPTANCE): the default describes new recordings, not old ones."""
-    if own and "acceptance" not in own:
-        own = {**own, "acceptance": dict(LEGACY_ACCEPTANCE)}
-    return protocol_with_overrides(own)
-
-
-def protocol_with_overrides(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    """DEFAULT_PROTOCOL with a plan's overrides, section by section: the protocol of a new recording."""
-    own = overrides or {}
-    return {key: ({**value, **own.get(key, {})} if isinstance(value, dict) else own.get(key, value))
-            for key, value in DEFAULT_PROTOCOL.items()}  # each section's values are scalars
-
-
-def has_figures(point: Mapping[str, Any]) -> bool:
-    """Whether a point holds any measured (or published) figure: some arm result is not empty."""
-    arms = point.get("arms")
-    return isinstance(arms, Mapping) and any(isinstance(r, Mapping) and r for r in arms.values())
-
-
-#: How far a verification may land from committed figures when the ledger does not say.
-DEFAULT_TOLERANCES: Mapping[str, float] = {
-    "multiplier_rel": 0.15,
-    "output_tokens_per_s_rel": 0.25,
-    "acceptance_length_abs": 0.15,
-}
-#: Decimals each stored figure is rounded to when the ledger does not say.
-DEFAULT_ROUNDING: Mapping[str, int] = {
-    "multiplier": 3,
-    "output_tokens_per_s": 1,
-    "acceptance_length": 3,
-    "acceptance_rate": 4,
-    "sessions": 2,
-}
-
-#: The largest input file read (ledger, report, bench result), in bytes. Real ones are well under 1 MiB;
-#: anything bigger is a mistake (or a symlink to /dev/zero) and is refused before it is read.
-MAX_INPUT_BYTES = 64 * 1024 * 1024
-#: The deepest nesting of objects and arrays read (real ledgers are 7 deep); deeper input is refused
-#: with its JSON path instead of exhausting the stack in the checks that walk it.
-MAX_JSON_DEPTH = 64
 #: How many duplicated point conditions are reported one by one; the rest are counted in one line.
 _MAX_DUPLICATE_REPORTS = 10
 
 _MAX_MESSAGE = 240
-_PLAIN_KEY = re.compile(r"^[a-zA-Z][a-zA-Z0-9_]*$")
 
 
 def load_schema(version: int = SCHEMA_VERSION) -> dict[str, Any]:
@@ -164,421 +84,6 @@ def _validator(version: int) -> Draft202012Validator:
     from jsonschema import Draft202012Validator
 
     return Draft202012Validator(load_schema(version))
-
-
-def json_path(parts: Iterable[str | int]) -> str:
-    """A JSON path written the way `jsonschema`'s `error.json_path` writes it, e.g. `$.points[3].arms`."""
-    path = "$"
-    for part in parts:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif _PLAIN_KEY.match(part):
-            path += f".{part}"
-        else:
-            escaped = part.replace("\\", "\\\\").replace("'", "\\'")
-            path += f"['{escaped}']"
-    return path
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One reason a ledger cannot be loaded, located by file and JSON path."""
-
-    file: str
-    json_path: str
-    message: str
-
-    def __str__(self) -> str:
-        if not self.json_path:  # a problem with a whole non-JSON file (e.g. a Markdown report)
-            return f"{self.file}: {self.message}"
-        return f"{self.file}: {self.json_path}: {self.message}"
-
-
-class LedgerError(SpecledgerError, ValueError):
-    """A ledger failed to load; carries every problem found, not only the first."""
-
-    def __init__(self, problems: Sequence[Problem]) -> None:
-        self.problems: list[Problem] = list(problems)
-        super().__init__("\n".join(str(p) for p in self.problems))
-
-    def __str__(self) -> str:
-        return "\n".join(str(p) for p in self.problems)
-
-
-# --------------------------------------------------------------------------------------------
-# the Ledger view
-# --------------------------------------------------------------------------------------------
-
-PointKey = tuple[str, float | None, int | None]
-
-
-@dataclass
-class Ledger:
-    """A validated ledger: the raw JSON (`data`, key order kept) plus lookups over it.
-
-    `data` stays a plain dict so that record mode can update it and write it back unchanged
-    apart from what it measured.
-    """
-
-    path: Path | None
-    data: dict[str, Any]
-
-    @property
-    def file(self) -> str:
-        """The name problems and findings use for this ledger."""
-        return str(self.path) if self.path is not None else "<ledger>"
-
-    @property
-    def id(self) -> str:
-        return self.data["id"]
-
-    @property
-    def status(self) -> str:
-        return self.data["status"]
-
-    @property
-    def arms(self) -> list[dict[str, Any]]:
-        return self.data["arms"]
-
-    @property
-    def workloads(self) -> list[dict[str, Any]]:
-        return self.data["workloads"]
-
-    @property
-    def points(self) -> list[dict[str, Any]]:
-        return self.data["points"]
-
-    def arm(self, name: str) -> dict[str, Any]:
-        """The arm called `name`; KeyError if there is none (a validated ledger never names one)."""
-        for arm in self.arms:
-            if arm["name"] == name:
-                return arm
-        raise KeyError(f"ledger {self.id!r} has no arm {name!r}")
-
-    def workload(self, name: str) -> dict[str, Any]:
-        """The workload called `name`; KeyError if there is none."""
-        for workload in self.workloads:
-            if workload["name"] == name:
-                return workload
-        raise KeyError(f"ledger {self.id!r} has no workload {name!r}")
-
-    @property
-    def schema_version(self) -> int:
-        """The version the ledger was validated against (1 or 2)."""
-        return self.data.get("schema_version", SCHEMA_VERSION)
-
-    @property
-    def protocol(self) -> dict[str, Any] | None:
-        """The ledger's measurement `protocol` (present: it records with protocol v3), else None."""
-        protocol = self.data.get("protocol")
-        return protocol if isinstance(protocol, dict) else None
-
-    @staticmethod
-    def point_protocol_version(point: Mapping[str, Any]) -> int:
-        """The protocol a point was measured with: its `protocol_version`, absent = 1 (before v3)."""
-        return int(point.get("protocol_version", 1))
-
-    def _arm_with_role(self, role: str) -> str | None:
-        return next((a["name"] for a in self.arms if a["role"] == role), None)
-
-    def baseline_arm_for(self, arm_name: str) -> str | None:
-        """The arm `arm_name`'s multiplier is taken against: its `baseline`, else the role-baseline arm.
-
-        None for the baseline itself (nothing to compare against) or when there is no baseline.
-        """
-        chosen = self.arm(arm_name).get("baseline") or self._arm_with_role("baseline")
-        return None if chosen == arm_name else chosen
-
-    def matched_baseline_for(self, arm_name: str) -> str | None:
-        """The arm behind `multiplier_vs_matched`: its `matched_baseline`, else the matched-baseline arm."""
-        chosen = self.arm(arm_name).get("matched_baseline") or self._arm_with_role("matched-baseline")
-        return None if chosen == arm_name else chosen
-
-    def speculative_arms(self) -> list[dict[str, Any]]:
-        """Arms that carry a multiplier: role speculative or policy, in ledger order."""
-        return [a for a in self.arms if a["role"] in ("speculative", "policy")]
-
-    @staticmethod
-    def point_key(point: Mapping[str, Any]) -> PointKey:
-        """(workload, temperature, concurrency) with temperature as float, so 0 and 0.0 are one key."""
-        temperature = point.get("temperature")
-        return (
-            point["workload"],
-            None if temperature is None else float(temperature),
-            point.get("concurrency"),
-        )
-
-    def find_point(self, workload: str, temperature: float | None, concurrency: int | None) -> dict | None:
-        """The point measured at these conditions, or None."""
-        wanted = self.point_key(
-            {"workload": workload, "temperature": temperature, "concurrency": concurrency}
-        )
-        return next((p for p in self.points if self.point_key(p) == wanted), None)
-
-    @property
-    def tolerances(self) -> dict[str, float]:
-        """The ledger's tolerances over the defaults."""
-        return {**DEFAULT_TOLERANCES, **self.data.get("tolerances", {})}
-
-    @property
-    def rounding(self) -> dict[str, int]:
-        """The ledger's rounding (decimals per figure) over the defaults."""
-        return {**DEFAULT_ROUNDING, **self.data.get("rounding", {})}
-
-    def rounding_for(self, point: Mapping[str, Any]) -> dict[str, int]:
-        """Rounding for one point: its own `rounding` override over the ledger's."""
-        return {**self.rounding, **point.get("rounding", {})}
-
-    def grid(self) -> Iterator[PointKey]:
-        """Every (workload, temperature, concurrency) the `sweep` asks for, each once, in a stable order.
-
-        The full grid is sweep.workloads (default: all, in ledger order) x temperatures x
-        concurrencies; then the `only` extras, whose workloads default to the sweep's.
-        Temperatures come out as floats. No sweep, no grid.
-        """
-        sweep = self.data.get("sweep")
-        if not sweep:
-            return
-        workloads = sweep.get("workloads") or [w["name"] for w in self.workloads]
-        seen: set[PointKey] = set()
-
-        def emit(names: Iterable[str], temperatures: Iterable[float], concurrencies: Iterable[int]):
-            for name in names:
-                for temperature in temperatures:
-                    for concurrency in concurrencies:
-                        key = (name, float(temperature), concurrency)
-                        if key not in seen:
-                            seen.add(key)
-                            yield key
-
-        yield from emit(workloads, sweep["temperatures"], sweep["concurrencies"])
-        for extra in sweep.get("only", []):
-            yield from emit(
-                extra.get("workloads") or workloads, [extra["temperature"]], extra["concurrencies"]
-            )
-
-    def is_gpu(self) -> bool:
-        """Whether this ledger's figures come from (or are meant for) a CUDA GPU.
-
-        Measured and reference ledgers say so in `provenance.accelerator.kind`. A planned
-        ledger may state the same field ahead of the run; failing that, an `engine_args`
-        `device` of "cuda" (shared, or on any arm) marks it as a GPU ledger. Anything else
-        is not a GPU ledger, so a plain CPU `pytest` never selects it by accident.
-        """
-        return is_gpu_ledger(self.data)
-
-
-def is_gpu_ledger(data: Mapping[str, Any]) -> bool:
-    """`Ledger.is_gpu` on raw ledger data, for the checks that run before a `Ledger` exists."""
-    provenance = data.get("provenance")
-    accelerator = provenance.get("accelerator") if isinstance(provenance, dict) else None
-    if isinstance(accelerator, dict):
-        return accelerator.get("kind") == "cuda"
-    if data.get("status") != "planned":
-        return False
-    arms = data.get("arms") if isinstance(data.get("arms"), list) else []
-    args = [data.get("engine_args"), *(a.get("engine_args") for a in arms if isinstance(a, dict))]
-    return any(str(a.get("device", "")).lower() == "cuda" for a in args if isinstance(a, dict))
-
-
-# --------------------------------------------------------------------------------------------
-# parsing
-# --------------------------------------------------------------------------------------------
-
-
-class _NonFinite:
-    """Stands in for a NaN/Infinity literal (or an overflowing number) until its path is known."""
-
-    __slots__ = ("literal",)
-
-    def __init__(self, literal: str) -> None:
-        self.literal = literal
-
-
-class _Object(dict):
-    """A JSON object that remembers keys it saw twice (plain `json` keeps the last silently)."""
-
-    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
-        super().__init__()
-        self.duplicates: list[str] = []
-        for key, value in pairs:
-            if key in self:
-                self.duplicates.append(key)
-            self[key] = value
-
-
-class _TooLong:
-    """Stands in for an integer with more digits than Python converts (int() would raise mid-parse)."""
-
-    __slots__ = ("literal",)
-
-    def __init__(self, literal: str) -> None:
-        self.literal = literal
-
-
-def _plain(value: Any, parts: list[str | int], file: str, problems: list[Problem], strict: bool) -> Any:
-    """Plain JSON values from the hooked parse; reports overlong integers and too deep nesting, and
-    when `strict` also non-finite numbers and duplicate keys."""
-    if isinstance(value, _TooLong):
-        digits = len(value.literal.lstrip("-"))
-        limit = sys.get_int_max_str_digits()
-        problems.append(
-            Problem(file, json_path(parts), f"an integer of {digits:,} digits; at most {limit:,} are read")
-        )
-        return None
-    if isinstance(value, _NonFinite):
-        if not strict:
-            return float(value.literal)
-        problems.append(
-            Problem(file, json_path(parts), f"{value.literal} is not a finite number; ledgers allow none")
-        )
-        return None
-    if isinstance(value, dict | list) and len(parts) >= MAX_JSON_DEPTH:
-        where = json_path(parts[:8]) + "..."  # the full path is MAX_JSON_DEPTH steps long
-        problems.append(Problem(file, where, f"nested deeper than {MAX_JSON_DEPTH} levels"))
-        return None
-    if isinstance(value, dict):
-        for key in getattr(value, "duplicates", ()) if strict else ():
-            problems.append(
-                Problem(
-                    file, json_path([*parts, key]), f"duplicate key {key!r} (JSON would keep only the last)"
-                )
-            )
-        return {k: _plain(v, [*parts, k], file, problems, strict) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v, [*parts, i], file, problems, strict) for i, v in enumerate(value)]
-    return value
-
-
-def _decode(text: str, file: str, *, strict: bool = True) -> Any:
-    """Parse JSON text, raising LedgerError (never ValueError or RecursionError) for what cannot be read.
-
-    `strict` (ledgers) also refuses NaN/Infinity and duplicate keys; other JSON (bench results,
-    which vLLM writes with NaN allowed) is read as `json` reads it, but still bounded.
-    """
-    if not text.strip():
-        raise LedgerError([Problem(file, "$", "empty file: expected a JSON object")])
-    odd: list[object] = []  # markers made while parsing; none (the usual case) lets the tree be used as parsed
-
-    def constant(literal: str) -> _NonFinite:
-        odd.append(marker := _NonFinite(literal))
-        return marker
-
-    def number(literal: str) -> float | _NonFinite:
-        value = float(literal)
-        return value if math.isfinite(value) else constant(literal)
-
-    def integer(literal: str) -> int | _TooLong:
-        try:
-            return int(literal)
-        except ValueError:  # over sys.get_int_max_str_digits(): reported with its JSON path
-            odd.append(marker := _TooLong(literal))
-            return marker
-
-    def obj(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        plain = dict(pairs)
-        if len(plain) == len(pairs):
-            return plain
-        odd.append(marker := _Object(pairs))
-        return marker
-
-    try:
-        raw = json.loads(text, parse_constant=constant, parse_float=number, parse_int=integer, object_pairs_hook=obj)
-    except json.JSONDecodeError as e:
-        truncated = e.pos >= len(text.rstrip())
-        what = "JSON ends early (truncated file?)" if truncated else "invalid JSON"
-        raise LedgerError(
-            [Problem(file, "$", f"{what} at line {e.lineno}, column {e.colno}: {e.msg}")]
-        ) from None
-    except RecursionError:
-        raise LedgerError([Problem(file, "$", f"nested deeper than {MAX_JSON_DEPTH} levels")]) from None
-    if not odd and _depth(raw) <= MAX_JSON_DEPTH:
-        return raw
-    problems: list[Problem] = []
-    data = _plain(raw, [], file, problems, strict)
-    if problems:
-        raise LedgerError(problems)
-    return data
-
-
-def _depth(value: Any) -> int:
-    """Levels of nested objects and arrays (a scalar: 0), counted breadth-first and without recursion,
-    stopping once past MAX_JSON_DEPTH."""
-    depth, level = 0, [value]
-    while depth <= MAX_JSON_DEPTH:
-        level = [v for v in level if isinstance(v, dict | list)]
-        if not level:
-            return depth
-        depth += 1
-        level = [child for v in level for child in (v.values() if isinstance(v, dict) else v)]
-    return depth
-
-
-_FILE_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def _not_regular(mode: int) -> str | None:
-    """Why a file of this mode is not read (None: a regular file)."""
-    if stat.S_ISREG(mode):
-        return None
-    kind = next((name for test, name in _FILE_KINDS if test(mode)), "a special file")
-    return f"not a regular file ({kind})"
-
-
-def read_text_safely(path: str | os.PathLike[str], what: str, *, where: str = "$") -> str:
-    """The UTF-8 text of the regular file at `path`, else LedgerError naming the file (at `where`).
-
-    Every input reader goes through here so that no input can hang or crash a run: a FIFO
-    would block an open, a device (a symlink to /dev/zero) would read forever, a huge file
-    would take minutes, and bytes that are not UTF-8 would raise. `what` names the kind of
-    file in messages ("ledger", "report", "result file"); `where` is "$" for JSON inputs and
-    "" for text ones.
-    """
-    file = str(path)
-
-    def refuse(message: str) -> LedgerError:
-        return LedgerError([Problem(file, where, message)])
-
-    try:
-        reason = _not_regular(os.stat(path).st_mode)  # before opening: opening a device can act
-        if reason is not None:
-            raise refuse(f"{reason}; a {what} must be a plain file")
-        # O_NONBLOCK: should the path become a FIFO after the check, the open returns at once
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-        with os.fdopen(fd, "rb") as handle:
-            info = os.fstat(handle.fileno())
-            reason = _not_regular(info.st_mode)
-            if reason is not None:
-                raise refuse(f"{reason}; a {what} must be a plain file")
-            data = b"" if info.st_size > MAX_INPUT_BYTES else handle.read(MAX_INPUT_BYTES + 1)
-            size = max(info.st_size, len(data))
-    except OSError as e:
-        raise refuse(f"cannot read: {e.strerror or e}") from None
-    if size > MAX_INPUT_BYTES:
-        raise refuse(
-            f"too large: {size:,} bytes; a {what} may be at most {MAX_INPUT_BYTES // 2**20} MiB "
-            "(specledger.schema.MAX_INPUT_BYTES)"
-        )
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise refuse(f"not UTF-8 text: {e.reason} at byte {e.start} (line {line})") from None
-
-
-def load_json_safely(path: str | os.PathLike[str], what: str, *, strict: bool = True) -> Any:
-    """The JSON value in the file at `path` (read with read_text_safely), else LedgerError.
-
-    `strict` is for ledgers (no NaN/Infinity, no duplicate keys); any JSON input gets the
-    bounds: integers Python can convert, at most MAX_JSON_DEPTH levels of nesting.
-    """
-    return _decode(read_text_safely(path, what), str(path), strict=strict)
 
 
 def _sort_key(error: Any) -> tuple:
@@ -1045,7 +550,7 @@ def parse_ledger(text: str, file: str) -> Ledger:
 
     Raises LedgerError listing every problem found.
     """
-    data = _decode(text, file)
+    data = decode_json(text, file)
     if not isinstance(data, dict):
         kind = "an array" if isinstance(data, list) else f"a JSON {type(data).__name__}"
         raise LedgerError([Problem(file, "$", f"a ledger must be a JSON object, got {kind}")])
@@ -1067,106 +572,3 @@ def parse_ledger(text: str, file: str) -> Ledger:
     if problems:
         raise LedgerError(problems)
     return Ledger(path=Path(file), data=data)
-
-
-def load_ledger(path: str | os.PathLike[str]) -> Ledger:
-    """Read and validate the ledger at `path` (problems name the path as given)."""
-    file = str(path)
-    ledger = parse_ledger(read_text_safely(path, "ledger"), file)
-    ledger.path = Path(path)
-    return ledger
-
-
-# --------------------------------------------------------------------------------------------
-# writing
-# --------------------------------------------------------------------------------------------
-
-
-def dump_ledger(data: Mapping[str, Any]) -> str:
-    """Ledger JSON as committed: indent 2, key order kept, no NaN/Infinity, trailing newline."""
-    return json.dumps(data, indent=2, allow_nan=False, ensure_ascii=False) + "\n"
-
-
-def write_ledger(path: str | os.PathLike[str], data: Mapping[str, Any], *, overwrite: bool) -> None:
-    """Validate `data`, then write it to `path` atomically (mode 0o644).
-
-    Never writes an invalid ledger (LedgerError) and never replaces an existing file unless
-    `overwrite` is true (FileExistsError): committed figures change only on purpose. The text
-    goes to a temporary file in the same directory, is fsynced, then renamed over `path`, so a
-    crash leaves either the old file or the new one, never a partial one.
-    """
-    target = Path(path)
-    text = dump_ledger(data)
-    parse_ledger(text, str(target))
-    if not overwrite and target.exists():
-        raise FileExistsError(
-            f"{target} already exists; refusing to replace a committed ledger "
-            "(re-record with --ledger-record, i.e. overwrite=True, to replace it on purpose)"
-        )
-    directory = target.parent
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fchmod(handle.fileno(), 0o644)
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, target)
-    except BaseException:
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_directory(directory)
-
-
-def stale_temporaries(path: str | os.PathLike[str]) -> list[Path]:
-    """Temporary files `write_ledger` left beside `path` when its process was killed mid-write.
-
-    A SIGKILL between the temporary file's creation and the rename leaves `.<name>.<random>.tmp`
-    behind (the ledger itself is intact: the rename never happened). The next recording of that
-    ledger removes them (`remove_stale_temporaries`).
-    """
-    target = Path(path)
-    return sorted(target.parent.glob(f".{target.name}.*.tmp"))
-
-
-def remove_stale_temporaries(path: str | os.PathLike[str]) -> list[Path]:
-    """Delete what `stale_temporaries` finds; returns the files removed."""
-    removed = []
-    for tmp in stale_temporaries(path):
-        try:
-            tmp.unlink()
-            removed.append(tmp)
-        except FileNotFoundError:
-            pass
-    return removed
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make the rename durable; best effort where directories cannot be opened (e.g. Windows)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def iter_ledger_paths(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """Files as given, directories expanded to their `*.json` (sorted); FileNotFoundError if missing."""
-    found: list[Path] = []
-    for entry in paths:
-        path = Path(entry)
-        if path.is_dir():
-            found.extend(sorted(p for p in path.glob("*.json") if p.is_file()))
-        elif path.exists():
-            found.append(path)
-        else:
-            raise FileNotFoundError(f"no such file or directory: {entry}")
-    return found

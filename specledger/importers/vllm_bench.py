@@ -61,9 +61,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from specledger import figures
 from specledger.errors import SpecledgerError
-from specledger.schema import DEFAULT_ROUNDING, SCHEMA_VERSION, LedgerError, load_json_safely
+from specledger.ledger import LedgerError, figures
+from specledger.ledger.model import DEFAULT_ROUNDING, SCHEMA_VERSION
+from specledger.ledger.safe_read import load_json_safely
 
 __all__ = ["IMPORT_PREFIX", "BenchImportError", "BenchRun", "import_bench", "load_bench_result"]
 
@@ -156,7 +157,7 @@ def import_bench(
     speculative and needs its speculative_config (from `speculative_configs[arm]` or the
     file's metadata).
     `target_model` names the target as the ledger should (e.g. "embedded:smollm2") where the
-    files' `model_id` is a machine's local folder. Write the result with `schema.write_ledger`,
+    files' `model_id` is a machine's local folder. Write the result with `specledger.ledger.write_ledger`,
     which validates it.
     """
     if not files:

@@ -18,7 +18,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 if TYPE_CHECKING:
-    from specledger.schema import Ledger
+    from specledger.ledger.model import Ledger
 
 __all__ = [
     "CI_BAR",

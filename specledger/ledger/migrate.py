@@ -5,7 +5,7 @@ before protocol v3 (one closed-loop burst per repeat) are never read as v3 figur
 only sets `schema_version` to 2 and marks every point that holds figures `"protocol_version": 1`
 (placed after its conditions); nothing else changes, key order included, so the diff of a
 migrated ledger is those lines alone. A version 2 ledger is left as it is. Every result is
-validated against version 2 before it is printed or written (`schema.write_ledger`, atomic).
+validated against version 2 before it is printed or written (`io.write_ledger`, atomic).
 
 `replan_data` is the other way to a current ledger: a ledger whose figures came from an older
 protocol is not edited into a newer one, it is measured again. It keeps the conditions (target,
@@ -22,16 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specledger.schema import (
-    DEFAULT_PROTOCOL,
-    SCHEMA_VERSION,
-    Ledger,
-    dump_ledger,
-    has_figures,
-    load_ledger,
-    parse_ledger,
-    protocol_with_overrides,
-)
+from specledger.ledger.io import dump_ledger, load_ledger
+from specledger.ledger.model import DEFAULT_PROTOCOL, SCHEMA_VERSION, Ledger, has_figures, protocol_with_overrides
+from specledger.ledger.validate import parse_ledger
 
 __all__ = ["Migration", "migrate_data", "migrate_file", "replan_data"]
 

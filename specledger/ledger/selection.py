@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from specledger.errors import SpecledgerError
-from specledger.schema import Ledger, iter_ledger_paths
+from specledger.ledger.io import iter_ledger_paths
+from specledger.ledger.model import Ledger
 
 __all__ = ["LedgerPoint", "PointSelector", "SelectionError", "ledger_paths", "parse_endpoints",
            "parse_point_selection", "point_label", "point_selected", "points", "selector_rank", "skip_reason"]
