@@ -38,6 +38,12 @@ def _parser() -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------------------------
 
 
+def test_repo_root_is_the_checkout():
+    """The suite's session reads the workloads' prompts under it; a module move once pointed it at specledger/."""
+    assert crosscheck.REPO_ROOT == ROOT
+    assert (crosscheck.REPO_ROOT / "ledgers").is_dir() and (crosscheck.REPO_ROOT / "fixtures").is_dir()
+
+
 def test_bench_results_of_both_versions_parse_with_acceptance_as_a_fraction():
     ngram = crosscheck.parse_bench_result(json.loads((BENCH / "ngram-c1.json").read_text()))  # vLLM 0.32
     assert ngram["output_tokens_per_s"] == pytest.approx(18.00452254870501)

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["Agreement", "add_arguments", "agreement", "bench_multiplier", "bench_run", "parse_bench_result",
            "render_prompt", "run", "write_bench_jsonl"]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]  # specledger/measure/crosscheck.py -> the checkout
 Progress = Callable[[str], None]
 
 
