@@ -63,6 +63,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--ledger-force-busy", action="store_true", default=False,
                     help="with --ledger-record: record even when other processes use the CPU (the points are "
                          "marked busy)")
+    group.addoption("--ledger-full-protocol", action="store_true", default=False,
+                    help="measure every repeat of the ledger's protocol also where speed figures are only shown "
+                         "(another machine, or over HTTP); default: one warm-up window and two repeats there")
     group.addoption("--ledger-http", action="store_true", default=False,
                     help="verify over HTTP: start one OpenAI-compatible vLLM server per arm, with flags derived "
                          "from the ledger arm, and measure through streaming completions and /metrics")
@@ -187,7 +190,8 @@ def specledger(request: pytest.FixtureRequest) -> Iterator[Any]:
                            only_missing=bool(config.getoption("--ledger-only-missing")), http=http,
                            force_busy=bool(config.getoption("--ledger-force-busy")),
                            budget_s=config.getoption("--ledger-budget-s"),
-                           trusted=bool(config.getoption("--ledger-trust")))
+                           trusted=bool(config.getoption("--ledger-trust")),
+                           full_protocol=bool(config.getoption("--ledger-full-protocol")))
     config.stash[_SESSION_KEY] = session
     try:
         yield session

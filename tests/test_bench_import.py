@@ -1,7 +1,8 @@
 """`vllm bench serve` result files -> ledger, and the server subprocess that produces them.
 
-The engine test starts two real CPU servers (baseline, then ngram), runs vLLM's own benchmark
-client against each at concurrency 1 and 2, and imports the four files. The fast tests use
+The engine test (in test_http.py, on that module's two live CPU servers) runs vLLM's own benchmark
+client against each at concurrency 1 and 2, and imports the four files; SPECLEDGER_BENCH_DATA
+regenerates the committed ones on servers of its own, one at a time. The fast tests use
 four such files committed under tests/data/bench/ (real output, see the README there) and
 mutate copies of them to show every inconsistency is refused with the file named.
 """
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -79,35 +81,41 @@ def bench_serve_command(base_url: str, model: str, *, label: str, concurrency: i
     ]
 
 
-def run_bench_sequence(out: Path) -> list[Path]:
-    """Baseline server, bench at c=1 and c=2, stop; the same with ngram. Only one server at a time."""
+def _bench_both(base_url: str, model: str, label: str, spec: dict[str, Any] | None, out: Path) -> list[Path]:
+    """`vllm bench serve` at c=1 and c=2 against one server; the result files."""
+    files = []
+    for concurrency in (1, 2):
+        command = bench_serve_command(base_url, model, label=label, concurrency=concurrency, result_dir=out,
+                                      speculative_config=spec)
+        done = subprocess.run(command, cwd=ROOT, env={**os.environ, **servers.CPU_ENV}, capture_output=True,
+                              text=True, timeout=300)
+        (out / f"{label}-c{concurrency}.bench.log").write_text(done.stdout + done.stderr)
+        assert done.returncode == 0, f"bench serve failed:\n{(done.stdout + done.stderr)[-4000:]}"
+        files.append(out / f"{label}-c{concurrency}.json")
+    return files
+
+
+def run_bench_sequence(out: Path, live: Mapping[str, str] | None = None) -> list[Path]:
+    """Baseline at c=1 and c=2, then ngram: on `live` servers (arm -> URL: the CPU ledger's baseline and ngram,
+    test_http's, which saves two server starts, minutes of CI on a slow CPU), or else on servers of its own,
+    one at a time (how the committed files were made: SPECLEDGER_BENCH_DATA)."""
     from specledger.models import resolve_model
 
     model = str(resolve_model("embedded:smollm2"))
     files = []
     for label, spec in (("baseline", None), ("ngram", NGRAM)):
+        if live is not None:
+            files += _bench_both(live[label], model, label, spec, out)
+            continue
         with servers.VLLMServer(model, speculative_config=spec, log_path=out / f"{label}-server.log") as server:
-            for concurrency in (1, 2):
-                command = bench_serve_command(server.base_url, model, label=label, concurrency=concurrency,
-                                              result_dir=out, speculative_config=spec)
-                done = subprocess.run(command, cwd=ROOT, env={**os.environ, **servers.CPU_ENV},
-                                      capture_output=True, text=True, timeout=300)
-                (out / f"{label}-c{concurrency}.bench.log").write_text(done.stdout + done.stderr)
-                assert done.returncode == 0, f"bench serve failed:\n{(done.stdout + done.stderr)[-4000:]}"
-                files.append(out / f"{label}-c{concurrency}.json")
+            files += _bench_both(server.base_url, model, label, spec, out)
         assert not servers.group_alive(server.process.pid), f"{label} server left processes behind"
     return files
 
 
-@pytest.fixture(scope="module")
-def real_results(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    """Four fresh result files (two server starts in all). SPECLEDGER_BENCH_DATA=DIR also copies them to DIR."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM is not installed")
-    out = tmp_path_factory.mktemp("bench")
-    files = run_bench_sequence(out)
+def real_results(out: Path, live: Mapping[str, str] | None = None) -> list[Path]:
+    """Four fresh result files. SPECLEDGER_BENCH_DATA=DIR also copies them to DIR."""
+    files = run_bench_sequence(out, live)
     keep = os.environ.get("SPECLEDGER_BENCH_DATA")
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
@@ -180,10 +188,11 @@ def _import_and_write(files: list[Path], out: Path, **kwargs: Any) -> Path:
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.engine
-def test_real_bench_serve_results_import_into_a_valid_ledger(real_results, tmp_path, capsys):
-    path = _import_and_write(real_results, tmp_path / "bench.json")
-    assert_ledger_matches_files(path, real_results)
+def check_real_results(files: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """What an import of fresh `vllm bench serve` files must give (the engine test runs in test_http.py, on that
+    module's live servers)."""
+    path = _import_and_write(files, tmp_path / "bench.json")
+    assert_ledger_matches_files(path, files)
     assert main(["audit", "--min-severity", "warning", str(path)]) == 0
     assert main(["show", str(path)]) == 0
     assert "ngram" in capsys.readouterr().out

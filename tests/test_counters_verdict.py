@@ -473,6 +473,23 @@ def test_policy_arm_below_the_best_fixed_arm_fails():
     assert bar.ok and "baseline (best fixed)" in bar.line()
 
 
+def test_a_policy_bar_is_asserted_on_the_recording_machine_and_shown_elsewhere():
+    """A schedule is derived from one machine's curve, so on another machine (or over HTTP) its bar is a speed
+    figure: shown with the reason, never failed on. On the recording machine a miss fails the point."""
+    ledger = load_ledger(POLICY)
+    point = _policy_point(24.8, 36.1, 22.9, ngram_range=7.1)
+    point["protocol_version"] = 3
+    committed = {**point, "protocol_version": 3}
+    here = verdict.compare_point(ledger, "policy-ngram", committed, point)
+    assert here.outcome == "failed" and any(c.metric.startswith("policy arm") and not c.ok for c in here.checks)
+    elsewhere = verdict.compare_point(ledger, "policy-ngram", committed, point,
+                                      not_comparable="another machine: cpu_family '25' vs '26'")
+    assert elsewhere.outcome == "not comparable" and elsewhere.ok
+    assert not any(c.metric.startswith("policy arm") for c in elsewhere.checks)
+    note = next(n for n in elsewhere.notes if n.startswith("policy arm"))
+    assert "OUT OF TOLERANCE; not asserted: another machine: cpu_family '25' vs '26'" in note
+
+
 def test_runs_keep_who_measured_which_point_across_resumed_recordings():
     legacy = {"date": "2026-12-01T14:22:37+00:00", "git_commit": "b0661a0", "machine": {"cpu_model": "A"}}
     first = procedure.merge_runs(legacy, {"date": "d2", "git_commit": "c2", "machine": {"cpu_model": "B"}},
@@ -531,3 +548,85 @@ def test_a_ledger_point_prints_as_its_test_id_not_its_ledger():
     """pytest-benchmark writes an unserializable param as its repr, in every row of its JSON."""
     point = selection.LedgerPoint(_ledger_with_arms(), "spec", "copy", 0.0, 2)
     assert repr(point) == f"LedgerPoint({point.test_id})" and len(repr(point)) < 100
+
+
+def test_a_verification_that_only_shows_speed_measures_one_warm_up_and_one_pair(monkeypatch):
+    """Another machine or HTTP: acceptance and losslessness are asserted, tokens/s only shown, so the point
+    needs neither the warm-up's cap nor the ledger's repeats (a policy arm's bar is a speed figure too: its
+    schedule comes from one machine's curve). Recording and --ledger-full-protocol keep the ledger's protocol."""
+    from specledger.ledger.model import protocol_over_defaults
+    from specledger.measure import procedure
+    from specledger.measure.session import SuiteSession
+
+    root = Path(__file__).resolve().parents[1]
+    ledger = load_ledger(root / "ledgers" / "cpu-smollm2.json")
+    policy = load_ledger(root / "ledgers" / "cpu-smollm2-policy.json")
+    own = protocol_over_defaults(ledger.data["protocol"])
+    cut = procedure.shown_only_protocol(own)
+    assert cut["warmup"] == {**own["warmup"], "max_windows": 1} and cut["repeats"] == {**own["repeats"], "min": 2,
+                                                                                       "max": 2}
+    assert {k: v for k, v in cut.items() if k not in ("warmup", "repeats")} == \
+        {k: v for k, v in own.items() if k not in ("warmup", "repeats")}
+    key = ("copy", 0.0, 2)
+    lines: list[str] = []
+    for record, full, why, led, expected in [
+            (False, False, "another machine: cpu_model 'X' vs 'Y'", ledger, cut),
+            (False, False, None, ledger, None),  # same machine: the verdict is asserted, so every repeat
+            (False, True, "another machine", ledger, None),
+            (True, False, "another machine", ledger, None),
+            (False, False, "another machine", policy, procedure.shown_only_protocol(
+                protocol_over_defaults(policy.data["protocol"])))]:
+        session = SuiteSession(root=root, record=record, full_protocol=full, progress=lines.append)
+        monkeypatch.setattr(session, "not_comparable", lambda *_, why=why: why)
+        assert session._protocol(led, key) == expected, (record, full, why, led.id)
+    assert lines[0] == ("cpu-smollm2 copy:0:2: speed figures are shown, not asserted (another machine: cpu_model "
+                        "'X' vs 'Y'): 1 warm-up window and 2 repeats per arm (--ledger-full-protocol measures the "
+                        "ledger's own)") and len(lines) == 2
+
+
+class _FakeArm:
+    """An engine's bookkeeping only: whether it was closed."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.alive, self.info = name, True, {"effective_config": {}}
+
+    def close(self) -> None:
+        self.alive = False
+
+
+def test_a_ledger_whose_arms_are_some_of_the_open_engines_shares_them_and_closes_the_rest(monkeypatch):
+    """The policy ledger's baseline and ngram are cpu-smollm2's arms: measured after it, cpu-smollm2 needs no
+    start (two minutes of CI on a slow CPU), and the policy arm closes first (idle engines take CPU). The
+    policy ledger, measured again, starts all of its arms again."""
+    from specledger.measure import engines
+    from specledger.measure.session import SuiteSession
+
+    root = Path(__file__).resolve().parents[1]
+    policy = load_ledger(root / "ledgers" / "cpu-smollm2-policy.json")
+    plain = load_ledger(root / "ledgers" / "cpu-smollm2.json")
+    started: list[_FakeArm] = []
+
+    def start_arms(specs, **_):
+        arms = [_FakeArm(spec.name) for spec in specs]
+        for arm, spec in zip(arms, specs, strict=True):
+            arm.spec = spec
+        started.extend(arms)
+        return arms
+
+    monkeypatch.setattr(engines, "start_arms", start_arms)
+    monkeypatch.setattr("specledger.models.resolve_model", lambda _: "/models/smollm2")
+    lines: list[str] = []
+    session = SuiteSession(root=root, record=False, progress=lines.append)
+    first = session.arms_for(policy)
+    assert sorted(first) == ["baseline", "ngram", "policy-ngram"] and len(started) == 3
+    shared = session.arms_for(plain)
+    assert sorted(shared) == ["baseline", "ngram"] and len(started) == 3
+    assert shared["ngram"] is first["ngram"] and not first["policy-ngram"].alive and first["ngram"].alive
+    assert session.time_breakdown(plain.id)["engines_shared_with"] == policy.id
+    assert lines[-1] == ("cpu-smollm2: measured on the engines of cpu-smollm2-policy (the same arms: no second "
+                         "start; closed policy-ngram, which it does not use)")
+    again = session.arms_for(policy)  # its policy arm is gone: all three start again, the shared ones close
+    assert len(started) == 6 and again["baseline"] is not first["baseline"] and not first["baseline"].alive
+    assert session.arms_for(plain) is not shared and session.arms_for(plain)["baseline"] is again["baseline"]
+    session.close()
+    assert not any(arm.alive for arm in started)

@@ -1,8 +1,9 @@
 """The cross-check against `vllm bench serve`: result parsing, the agreement rule, the bench's requests, a real run.
 
 Unit tests run on captured bench results (vLLM 0.32 from the CPU engine, 0.26 from the H200) and a fake
-bench. The engine test starts the CPU ledger's two arms as servers and runs `specledger crosscheck` on
-them: ngram must win on copy in vLLM's own benchmark too, with the ledger's acceptance length.
+bench. The engine test (`specledger crosscheck` on live CPU servers: ngram must win on copy in vLLM's own
+benchmark too, with the ledger's acceptance length) lives in test_http.py, on that module's servers: two
+server starts fewer, more than two minutes of CI on a slow CPU.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,18 @@ def test_agreement_at_its_boundary():
     assert crosscheck.agreement(Estimate(1.0, 0.9, 1.5, 5), Estimate(1.29, 1.2, 1.3, 5)).ok  # 0.29 <= hypot(.3,.05)
     assert not crosscheck.agreement(Estimate(1.0, 0.9, 1.5, 5), Estimate(1.45, 1.44, 1.46, 5)).ok
     assert not crosscheck.agreement(suite, Estimate(1.0, math.nan, math.nan, 5)).ok
+    assert at.judged and past.judged
+
+
+def test_an_agreement_over_fewer_than_five_runs_is_shown_not_judged():
+    """CI's run of 2026-12-02: three bench runs, per-run ratios 1.28, 1.90, 1.90, a bootstrap interval that cannot
+    reach past them, and a DISAGREE against the suite's five repeats. Below five runs the line says so."""
+    suite = Estimate(value=2.027, low=1.966, high=2.088, n=5)
+    few = crosscheck.agreement(suite, Estimate(value=1.685, low=1.283, high=1.901, n=3))
+    assert not few.ok and not few.judged
+    assert few.line().endswith("allowed: not judged (DISAGREE on these intervals, but a side has fewer than 5 runs, "
+                               "too few for its bootstrap interval)")
+    assert crosscheck.agreement(suite, Estimate(value=1.685, low=1.283, high=1.901, n=5)).judged
 
 
 class _FakeTokenizer:
@@ -179,30 +191,3 @@ def test_command_usage_and_unreachable_servers(capsys):
                "--endpoint", f"ngram={dead}") == 3
     assert "server unreachable" in capsys.readouterr().err
 
-
-# --------------------------------------------------------------------------------------------
-# real servers
-# --------------------------------------------------------------------------------------------
-
-
-@pytest.mark.engine
-def test_bench_agrees_that_ngram_wins_on_copy(cpu_servers, tmp_path):
-    """`specledger crosscheck` on live CPU servers: vLLM's benchmark sees ngram win, with the ledger's L."""
-    out = tmp_path / "crosscheck.json"
-    t0 = time.monotonic()
-    rc = crosscheck.run(_parser().parse_args(
-        [str(LEDGER), "--point", "copy:0:2", "--arm", "ngram", "--runs", "3", "--rounds", "3", "-o", str(out),
-         *(f"--endpoint={arm}={url}" for arm, url in cpu_servers.items())]))
-    print(f"[crosscheck] exit {rc} after {time.monotonic() - t0:.0f} s")
-    assert rc in (0, 1), "the cross-check did not run"
-    result = json.loads(out.read_text())
-    bench, suite = Estimate(**result["bench"]["multiplier"]), Estimate(**result["suite"])
-    assert bench.value > 1.0, result["bench"]["output_tokens_per_s"]
-    assert all(math.isfinite(x) for x in (bench.low, bench.high, suite.low, suite.high))
-    assert result["agreement"]["allowed"] > 0 and math.isfinite(result["agreement"]["difference"])
-    committed = next(p for p in load_ledger(LEDGER).points if (p["workload"], p["concurrency"]) == ("copy", 2))
-    acc = result["bench"]["acceptance"]
-    if acc is not None:
-        assert abs(acc["acceptance_length"] - committed["arms"]["ngram"]["acceptance"]["acceptance_length"]) <= 0.5
-    if "multiplier_ci95" in result["suite_point"]["arms"]["ngram"]:  # protocol v3: the interval is the suite's own
-        assert result["agreement"]["ok"], result["agreement"]["line"]

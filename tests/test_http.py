@@ -4,13 +4,17 @@ The engine tests start two real CPU servers from the CPU ledger's arms (baseline
 derived from the ledger) once per session, and reuse them for: an HTTP-mode verification of a
 subset of the ledger's points (through the pytest plugin, `--ledger-endpoint` and
 `--ledger-points`, as a user would run it), the watch catching a copy -> free-form traffic change,
-and the error paths (unreachable, no spec metrics, another model). Unit tests run the pure parts
-on captured /metrics text.
+the error paths (unreachable, no spec metrics, another model), and `specledger crosscheck` against
+`vllm bench serve` (its unit tests are in test_crosscheck.py), and an import of `vllm bench serve` result
+files (test_bench_import.py). Unit tests run the pure parts on captured /metrics text.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
+import json
+import math
 import os
 import subprocess
 import sys
@@ -23,9 +27,10 @@ import pytest
 from specledger import plugin
 from specledger.cli import main
 from specledger.ledger import load_ledger, selection, write_ledger
-from specledger.measure import counters, procedure, watch
+from specledger.measure import counters, crosscheck, procedure, watch
 from specledger.measure.http import endpoints, server_metrics, servers
 from specledger.measure.http.server_metrics import EndpointError
+from specledger.stats import Estimate
 
 ROOT = Path(__file__).resolve().parents[1]
 LEDGER = ROOT / "ledgers" / "cpu-smollm2.json"
@@ -183,6 +188,9 @@ def test_http_verification_of_the_cpu_ledger(cpu_servers, request):
     output = "\n".join(lines)
     assert rc == 0, output[-6000:]
     assert "specledger verified 2 arm-points over HTTP: 2 not comparable" in output, output[-3000:]
+    # nothing asserted needs the ledger's repeats: the point is measured with one warm-up window and one pair
+    assert "speed figures are shown, not asserted (measured over HTTP" in output, output[-3000:]
+    assert "1 warm-up window and 2 repeats per arm" in output and "repeat 2/2" in output, output[-3000:]
     assert "specledger verdicts" in output and "acceptance_length: measured" in output, output[-3000:]
     assert _ledger_bytes() == before, "HTTP mode changed the ledger file"
 
@@ -303,6 +311,64 @@ def test_endpoint_errors_name_what_failed(cpu_servers, tmp_path, capsys):
     dead = f"http://127.0.0.1:{servers.free_port()}"
     with pytest.raises(EndpointError, match=f"{dead}/v1/models: server unreachable"):
         endpoints.open_arms(ledger.data, model, {"baseline": dead, "ngram": ngram})
+
+
+def _crosscheck_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    crosscheck.add_arguments(parser)
+    return parser
+
+
+#: The cross-check's CI size: three suite repeats and three bench runs of requests of 32 tokens. It proves the
+#: path (servers, the suite over HTTP, vLLM's benchmark, parsing, both estimates) and what three runs can say:
+#: ngram wins in vLLM's own benchmark, with the suite's acceptance length. Whether the two multipliers agree
+#: needs five runs a side (crosscheck.MIN_RUNS_JUDGED): the ledger's protocol and the CLI's defaults took
+#: 13 minutes of a 2-core CPU, and three runs "disagreed" there on a too-narrow interval.
+CROSSCHECK_PROTOCOL = {"repeats": {"min": 3, "max": 3}, "warmup": {"max_windows": 2},
+                       "acceptance": {"from": "pass", "prompts": 18}}  # the bench's 3 runs x 3 rounds x c=2
+CROSSCHECK_MAX_TOKENS = 32
+
+
+@pytest.mark.engine
+def test_bench_agrees_that_ngram_wins_on_copy(cpu_servers, tmp_path):
+    """`specledger crosscheck` on live CPU servers: vLLM's benchmark sees ngram win, with the suite's L."""
+    from specledger.ledger.migrate import replan_data
+
+    committed = load_ledger(LEDGER).data
+    own = {k: v for k, v in committed["protocol"].items() if isinstance(v, dict)}
+    planned = replan_data(committed, {**own, **{k: {**own.get(k, {}), **v} for k, v in CROSSCHECK_PROTOCOL.items()}})
+    for workload in planned["workloads"]:
+        workload["max_tokens"] = CROSSCHECK_MAX_TOKENS
+    ledger = tmp_path / "cpu-smollm2-crosscheck.json"
+    ledger.write_text(json.dumps(planned, indent=1))
+    out = tmp_path / "crosscheck.json"
+    t0 = time.monotonic()
+    rc = crosscheck.run(_crosscheck_parser().parse_args(
+        [str(ledger), "--point", "copy:0:2", "--arm", "ngram", "--runs", "3", "--rounds", "3", "-o", str(out),
+         *(f"--endpoint={arm}={url}" for arm, url in cpu_servers.items())]))
+    print(f"[crosscheck] exit {rc} after {time.monotonic() - t0:.0f} s")
+    result = json.loads(out.read_text())
+    assert rc == 0, result["agreement"]["line"]
+    bench, suite = Estimate(**result["bench"]["multiplier"]), Estimate(**result["suite"])
+    assert (bench.n, suite.n) == (3, 3)
+    assert bench.value > 1.0, result["bench"]["output_tokens_per_s"]
+    assert all(math.isfinite(x) for x in (bench.low, bench.high, suite.low, suite.high))
+    assert result["agreement"]["allowed"] > 0 and math.isfinite(result["agreement"]["difference"])
+    assert result["agreement"]["judged"] is False and "not judged" in result["agreement"]["line"]
+    bench_acc, suite_acc = result["bench"]["acceptance"], result["suite_point"]["arms"]["ngram"]["acceptance"]
+    assert bench_acc is not None, "vLLM's benchmark counted no drafts"
+    assert abs(bench_acc["acceptance_length"] - suite_acc["acceptance_length"]) <= 0.5, (bench_acc, suite_acc)
+
+
+@pytest.mark.engine
+def test_real_bench_serve_results_import_into_a_valid_ledger(cpu_servers, tmp_path, capsys):
+    """`vllm bench serve` at c=1 and c=2 on this module's servers; its four result files import into a valid
+    ledger (test_bench_import.py says what that ledger must hold, and tests the import's refusals)."""
+    from test_bench_import import check_real_results, real_results
+
+    out = tmp_path / "bench"
+    out.mkdir()
+    check_real_results(real_results(out, live=cpu_servers), tmp_path, capsys)
 
 
 @pytest.mark.engine

@@ -31,6 +31,8 @@ POINT = "copy:0:1"
 #: A cheap protocol: the point only has to run long enough to be killed in the middle.
 QUICK = {"window": {"min_s": 2.0, "min_rounds": 1}, "warmup": {"max_windows": 1, "agree_rel": 1.0},
          "repeats": {"min": 2, "max": 2}, "acceptance": {"from": "pass", "prompts": 4}}
+#: Short requests too: a window waits for its requests, and 64 tokens take 9 s at c=1 on a CPU without AVX-512.
+MAX_TOKENS = 16
 
 
 def _planned(tmp_path: Path) -> Path:
@@ -38,6 +40,8 @@ def _planned(tmp_path: Path) -> Path:
     own = {k: v for k, v in committed["protocol"].items() if isinstance(v, dict)}
     data = replan_data(committed, {**own, **QUICK})
     data["id"] = "interrupted"
+    for workload in data["workloads"]:
+        workload["max_tokens"] = MAX_TOKENS
     path = tmp_path / "ledgers" / "interrupted.json"
     path.parent.mkdir()
     path.write_text(json.dumps(data, indent=1))

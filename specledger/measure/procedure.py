@@ -69,6 +69,22 @@ def protocol_for(ledger: Ledger) -> dict[str, Any]:
     return protocol_over_defaults(ledger.data.get("protocol"))
 
 
+#: What a verification spends when its speed figures cannot be set against the ledger's (another machine,
+#: or over HTTP): one warm-up window and one A-B/B-A pair of repeats. Acceptance and losslessness, the
+#: figures it does assert, cover the same prompts as under the full protocol (a pass is count-sized, and
+#: in "same" mode every window starts at prompt 0); tokens/s are still shown, with their wider CI. The
+#: full repeats would buy a tighter interval of a figure nobody asserts: on a CPU five times slower than
+#: the recording machine, ten minutes a point.
+SHOWN_ONLY_PROTOCOL: Mapping[str, Mapping[str, Any]] = {"warmup": {"max_windows": 1},
+                                                        "repeats": {"min": 2, "max": 2}}
+
+
+def shown_only_protocol(protocol: Mapping[str, Any]) -> dict[str, Any]:
+    """``protocol`` cut to SHOWN_ONLY_PROTOCOL's warm-up and repeats; every other knob is the ledger's."""
+    return {key: ({**value, **SHOWN_ONLY_PROTOCOL.get(key, {})} if isinstance(value, Mapping) else value)
+            for key, value in protocol.items()}
+
+
 def prompts_for(ledger: Ledger, workload_name: str, root: Path | None = None) -> list[str]:
     """The workload's prompt texts, from its JSONL fixture (relative to the checkout root)."""
     workload = ledger.workload(workload_name)
@@ -176,13 +192,14 @@ def acceptance_passes(ledger: Ledger, arms: Mapping[str, Any], prompts: list[str
 
 def measure_point(ledger: Ledger, arms: Mapping[str, Any], workload: str, temperature: float,
                   concurrency: int, *, root: Path | None = None, progress: Progress = _noop,
-                  more: MoreRule | None = None) -> PointMeasurement:
+                  more: MoreRule | None = None, protocol: Mapping[str, Any] | None = None) -> PointMeasurement:
     """Measure every arm at one (workload, temperature, concurrency): warm-up, then paired windows.
 
     ``more(point, repeats)`` is asked after the minimum repeats and after each added pair;
     while it says yes and the cap allows, two more repeats run (one A-B, one B-A).
+    ``protocol`` replaces the ledger's (``shown_only_protocol``); by default it is the ledger's own.
     """
-    protocol = protocol_for(ledger)
+    protocol = protocol_for(ledger) if protocol is None else protocol
     sweep = ledger.data.get("sweep", {})
     prompts = prompts_for(ledger, workload, root)
     sampling = sampling_for(ledger, workload, temperature)
@@ -195,7 +212,8 @@ def measure_point(ledger: Ledger, arms: Mapping[str, Any], workload: str, temper
         w = warmups[name]
         progress(f"{workload} T={temperature:g} c={concurrency} warm-up {name}: {w['windows']} windows, "
                  f"{w['seconds']:.0f} s, tok/s {w['output_tokens_per_s']}"
-                 + ("" if w["converged"] else " (cap reached before two windows agreed)"))
+                 + ("" if w["converged"] or int(protocol["warmup"]["max_windows"]) < 2
+                    else " (cap reached before two windows agreed)"))
     passes = acceptance_passes(ledger, arms, prompts, concurrency, sampling, protocol, progress,
                                label=f"{workload} T={temperature:g} c={concurrency}")
     window_s = windows_for(protocol, {name: w["request_latency_s"] for name, w in warmups.items()})

@@ -42,7 +42,7 @@ class SuiteSession:
     def __init__(self, *, root: Path, record: bool, out_dir: Path | None = None,
                  progress: Progress = print, command: str | None = None, only_missing: bool = False,
                  http: HTTPMode | None = None, force_busy: bool = False, adaptive: bool = True,
-                 budget_s: float | None = None, trusted: bool = False) -> None:
+                 budget_s: float | None = None, trusted: bool = False, full_protocol: bool = False) -> None:
         if http is not None and record:
             raise ValueError("HTTP mode verifies only: a ledger's figures are recorded with in-process engines "
                              "(over HTTP the tokens/s include the client and server overhead)")
@@ -57,6 +57,7 @@ class SuiteSession:
         self.adaptive = adaptive
         self.budget_s = budget_s
         self.trusted = trusted
+        self.full_protocol = full_protocol
         self.results: list[tuple[str, Any]] = []
         self._machines: dict[str, dict[str, Any] | None] = {}
         self._arms: dict[str, dict[str, Any]] = {}
@@ -100,8 +101,9 @@ class SuiteSession:
             self._model_build_s[ledger.id] = t0 - t_model
             specs = None if self.http is not None else \
                 engines.arm_specs(ledger.data, model, source=str(ledger.path), trusted=self.trusted)
-            if specs is not None and self._open_specs is not None and self._open_specs[1] == specs:
-                return self._share_engines(ledger, self._open_specs[0])
+            if specs is not None and self._open_specs is not None \
+                    and all(spec in self._open_specs[1] for spec in specs):
+                return self._share_engines(ledger, self._open_specs[0], specs)
             # One ledger's engines at a time: idle vLLM engines still take CPU (the CPU
             # engine's workers spin), which would skew the next ledger's measurements.
             self.close()
@@ -117,7 +119,7 @@ class SuiteSession:
                 self._failed_start[ledger.id] = exc
                 raise
             self._failed_arms[ledger.id] = failures
-            self._engine_starts_s[ledger.id] = time.monotonic() - t0
+            self._engine_starts_s[ledger.id] = self._engine_starts_s.get(ledger.id, 0.0) + time.monotonic() - t0
             self._arms[ledger.id] = arms
             self._infos[ledger.id] = {name: arm.info for name, arm in arms.items()}
             self.progress(f"{ledger.id}: {len(arms)} arms up in {time.monotonic() - t0:.0f} s")
@@ -126,16 +128,28 @@ class SuiteSession:
                 self.progress(f"{ledger.id}: arms differ in {key}: {values}")
         return self._arms[ledger.id]
 
-    def _share_engines(self, ledger: Ledger, owner: str) -> dict[str, Any]:
-        """Measure `ledger` on the engines `owner` started: its arms are the same engines (same model, engine
-        arguments and environment, arm for arm), so a second start would cost GPU seconds and buy nothing.
+    def _share_engines(self, ledger: Ledger, owner: str, specs: list[engines.ArmSpec]) -> dict[str, Any]:
+        """Measure `ledger` on the engines `owner` started: each of its arms is one of them (same name, model,
+        engine arguments and environment), so a second start would cost GPU seconds (and a minute an arm on
+        a slow CPU) and buy nothing. Engines it does not use close first: an idle engine still takes CPU.
         Its KV cache and effective config are those engines'; its provenance names the owner."""
-        self._arms[ledger.id] = self._arms[owner]
-        self._infos[ledger.id] = self._infos[owner]
-        self._failed_arms[ledger.id] = self._failed_arms.get(owner, {})
+        names = {spec.name for spec in specs}
+        owned = self._arms[owner]
+        extra = {name: arm for name, arm in owned.items() if name not in names}
+        for arm in extra.values():
+            arm.close()
+        if extra:  # a ledger that held a closed engine starts its arms again when it next measures
+            self._arms = {lid: arms for lid, arms in self._arms.items()
+                          if not any(arm is gone for arm in arms.values() for gone in extra.values())}
+            self._open_specs = (ledger.id, specs)
+        self._arms[ledger.id] = {name: arm for name, arm in owned.items() if name in names}
+        self._infos[ledger.id] = {name: info for name, info in self._infos[owner].items() if name in names}
+        self._failed_arms[ledger.id] = {name: exc for name, exc in self._failed_arms.get(owner, {}).items()
+                                        if name in names}
         self._engine_starts_s[ledger.id] = 0.0
         self._shared_with[ledger.id] = owner
-        self.progress(f"{ledger.id}: measured on the engines of {owner} (the same arms: no second start)")
+        closed = f"; closed {', '.join(sorted(extra))}, which it does not use" if extra else ""
+        self.progress(f"{ledger.id}: measured on the engines of {owner} (the same arms: no second start{closed})")
         return self._arms[ledger.id]
 
     def arm_failure(self, ledger: Ledger, arm: str) -> BaseException | None:
@@ -211,6 +225,21 @@ class SuiteSession:
 
         return unsettled
 
+    def _protocol(self, ledger: Ledger, key: tuple[str, float, int]) -> dict[str, Any] | None:
+        """The protocol a point is measured under: None (the ledger's own) when recording, with
+        ``full_protocol``, or where the verdict asserts speed; ``procedure.shown_only_protocol`` for a
+        verification whose speed figures (a policy arm's bar among them) are only shown (``not_comparable``)."""
+        if self.record or self.full_protocol:
+            return None
+        why = self.not_comparable(ledger, key)
+        if why is None:
+            return None
+        cut = procedure.shown_only_protocol(procedure.protocol_for(ledger))
+        self.progress(f"{ledger.id} {point_label(key)}: speed figures are shown, not asserted ({why}): "
+                      f"{cut['warmup']['max_windows']} warm-up window and {cut['repeats']['min']} repeats "
+                      "per arm (--ledger-full-protocol measures the ledger's own)")
+        return cut
+
     def measure(self, ledger: Ledger, key: tuple[str, float, int]) -> procedure.PointMeasurement:
         cache_key = (ledger.id, key)
         if cache_key not in self._cache:
@@ -224,7 +253,7 @@ class SuiteSession:
                     raise BusyMachine(f"{ledger.id} {key[0]}:{key[1]:g}:{key[2]}: not recorded: {message}")
                 self.progress(f"{ledger.id}: WARNING {message}")
             m = procedure.measure_point(ledger, arms, *key, root=self.root, progress=self.progress,
-                                      more=self._more_rule(ledger, key))
+                                      more=self._more_rule(ledger, key), protocol=self._protocol(ledger, key))
             after = fingerprint.sample_load(1.0)
             m.point["load"] = {"before": before.as_json(), "after": after.as_json()}
             if busy:
