@@ -128,6 +128,22 @@ def test_describe_differences_line():
     assert describe_differences(diff) == "cpu_model 'Intel Xeon' here vs 'AMD EPYC' recorded; logical_cpus 8 vs 2"
 
 
+def test_a_flags_difference_names_the_vector_flags():
+    """The hash says only that flags differ; the vector flags say which matter (AVX-512 made one CI machine's CPU
+    engine five times faster than another's). Not compared themselves, so a ledger recorded before them matches."""
+    amd, intel = fp(AMD_VM), fp(INTEL_XEON)
+    assert amd["cpu_vector_flags"] == "avx avx2 avx512_bf16 avx512f"
+    assert intel["cpu_vector_flags"] == "amx_bf16 amx_tile avx avx2 avx512f"
+    assert "cpu_vector_flags" not in COMPARABLE_KEYS
+    old = {k: v for k, v in amd.items() if k != "cpu_vector_flags"}
+    assert differences(old, amd) == {}
+    diff = {"cpu_flags_sha256": ("aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb")}
+    assert describe_differences(diff, intel, amd).endswith(
+        "; vector flags 'avx avx2 avx512_bf16 avx512f' here vs 'amx_bf16 amx_tile avx avx2 avx512f'")
+    assert describe_differences(diff, old, amd).endswith("here vs not recorded there")
+    assert describe_differences(diff) == "cpu_flags_sha256 'bbbbbbbbbbbbbbbb' here vs 'aaaaaaaaaaaaaaaa' recorded"
+
+
 def test_real_machine():
     m = machine_fingerprint(accelerator=CPU_ACC)
     assert isinstance(m["cpu_model"], str) and m["cpu_model"].strip()

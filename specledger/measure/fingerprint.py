@@ -42,6 +42,16 @@ kernel that names new flags changes the hash too: that errs towards "not compara
 """
 
 
+VECTOR_FLAGS: frozenset[str] = frozenset({
+    "avx", "avx2", "fma", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+    "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8",  # x86
+    "asimd", "asimdhp", "sve", "sve2", "bf16", "i8mm",  # ARM
+})
+"""The CPU flags that pick the CPU engine's kernels. Recorded in the clear as ``cpu_vector_flags`` (not compared:
+``cpu_flags_sha256`` covers every flag) so that "not comparable" can say what differs: one CI machine without
+AVX-512 ran the CPU engine five times slower than the one that recorded the CPU ledgers."""
+
+
 def _cpuinfo_first_block(text: str) -> dict[str, str]:
     """Fields of the first processor block of /proc/cpuinfo (all logical CPUs of one machine report the same)."""
     fields: dict[str, str] = {}
@@ -92,6 +102,7 @@ def machine_fingerprint(*, accelerator: Mapping[str, Any] | None = None, engine:
         "cpu_model_number": info.get("model"),
         "cpu_stepping": info.get("stepping"),
         "cpu_flags_sha256": hashlib.sha256(" ".join(flags).encode()).hexdigest()[:16] if flags is not None else None,
+        "cpu_vector_flags": " ".join(f for f in flags if f in VECTOR_FLAGS) if flags is not None else None,
         "logical_cpus": _logical_cpus(),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "hypervisor": ("hypervisor" in flags) if flags is not None else None,
@@ -113,13 +124,19 @@ def differences(recorded: Mapping[str, Any] | None, current: Mapping[str, Any]) 
     return out
 
 
-def describe_differences(diff: Mapping[str, tuple[Any, Any]]) -> str:
-    """One line: ``cpu_model 'Intel Xeon' here vs 'AMD EPYC' recorded; logical_cpus 8 vs 2``."""
+def describe_differences(diff: Mapping[str, tuple[Any, Any]], recorded: Mapping[str, Any] | None = None,
+                         current: Mapping[str, Any] | None = None) -> str:
+    """One line: ``cpu_model 'Intel Xeon' here vs 'AMD EPYC' recorded; logical_cpus 8 vs 2``. Given both
+    fingerprints, a flags difference also names the vector flags (``cpu_vector_flags``, where recorded)."""
     if not diff:
         return "same machine"
     parts = [f"{key} {cur!r} vs {rec!r}" for key, (rec, cur) in diff.items()]
     key, (rec, cur) = next(iter(diff.items()))
     parts[0] = f"{key} {cur!r} here vs {rec!r} recorded"
+    if "cpu_flags_sha256" in diff and current is not None and current.get("cpu_vector_flags") is not None:
+        there = (recorded or {}).get("cpu_vector_flags")
+        parts.append(f"vector flags {current['cpu_vector_flags']!r} here vs "
+                     + (f"{there!r}" if there is not None else "not recorded there"))
     return "; ".join(parts)
 
 

@@ -194,8 +194,9 @@ class SuiteSession:
             return None
         prov = ledger.data.get("provenance") or {}
         run = procedure.run_of_point(prov, point_label(key)) if key is not None else None
-        diff = fingerprint.differences((run or prov).get("machine"), current)
-        return f"another machine: {fingerprint.describe_differences(diff)}" if diff else None
+        recorded = (run or prov).get("machine")
+        diff = fingerprint.differences(recorded, current)
+        return f"another machine: {fingerprint.describe_differences(diff, recorded, current)}" if diff else None
 
     def _more_rule(self, ledger: Ledger, key: tuple[str, float, int]) -> procedure.MoreRule | None:
         """When a point gets more repeats: an inconclusive verdict (verify), or a CI wider than half the band
