@@ -1,8 +1,9 @@
 """`vllm bench serve` result files -> ledger, and the server subprocess that produces them.
 
 The engine test (in test_http.py, on that module's two live CPU servers) runs vLLM's own benchmark
-client against each at concurrency 1 and 2, and imports the four files; SPECLEDGER_BENCH_DATA
-regenerates the committed ones on servers of its own, one at a time. The fast tests use
+client against each at concurrency 1 and 2, and imports the four files (SPECLEDGER_BENCH_DATA=DIR
+copies them to DIR too). The committed ones were made by `run_bench_sequence` on servers of its
+own, one at a time. The fast tests use
 four such files committed under tests/data/bench/ (real output, see the README there) and
 mutate copies of them to show every inconsistency is refused with the file named.
 """
@@ -98,7 +99,7 @@ def _bench_both(base_url: str, model: str, label: str, spec: dict[str, Any] | No
 def run_bench_sequence(out: Path, live: Mapping[str, str] | None = None) -> list[Path]:
     """Baseline at c=1 and c=2, then ngram: on `live` servers (arm -> URL: the CPU ledger's baseline and ngram,
     test_http's, which saves two server starts, minutes of CI on a slow CPU), or else on servers of its own,
-    one at a time (how the committed files were made: SPECLEDGER_BENCH_DATA)."""
+    one at a time (how the committed files were made)."""
     from specledger.models import resolve_model
 
     model = str(resolve_model("embedded:smollm2"))
