@@ -73,11 +73,13 @@ def protocol_over_defaults(own: Mapping[str, Any] | None) -> dict[str, Any]:
     return protocol_with_overrides(own)
 
 
-def protocol_with_overrides(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    """DEFAULT_PROTOCOL with a plan's overrides, section by section: the protocol of a new recording."""
+def protocol_with_overrides(overrides: Mapping[str, Any] | None, base: Mapping[str, Any] = DEFAULT_PROTOCOL
+                            ) -> dict[str, Any]:
+    """``base`` (DEFAULT_PROTOCOL: the protocol of a new recording) with overrides, section by section;
+    a new dict with base's keys."""
     own = overrides or {}
-    return {key: ({**value, **own.get(key, {})} if isinstance(value, dict) else own.get(key, value))
-            for key, value in DEFAULT_PROTOCOL.items()}  # each section's values are scalars
+    return {key: ({**value, **own.get(key, {})} if isinstance(value, Mapping) else own.get(key, value))
+            for key, value in base.items()}  # each section's values are scalars
 
 
 def has_figures(point: Mapping[str, Any]) -> bool:

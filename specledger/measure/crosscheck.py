@@ -198,7 +198,10 @@ class Agreement:
     difference: float
     allowed: float
     ok: bool
-    judged: bool = True
+
+    @property
+    def judged(self) -> bool:
+        return min(self.suite.n, self.bench.n) >= MIN_RUNS_JUDGED
 
     def line(self) -> str:
         def show(e: Estimate) -> str:
@@ -224,7 +227,7 @@ def agreement(suite: Estimate, bench: Estimate) -> Agreement:
     difference = abs(suite.value - bench.value)
     allowed = math.hypot(hw_s, hw_b)
     ok = all(math.isfinite(x) for x in (difference, allowed)) and difference <= allowed
-    return Agreement(suite, bench, difference, allowed, ok, judged=min(suite.n, bench.n) >= MIN_RUNS_JUDGED)
+    return Agreement(suite, bench, difference, allowed, ok)
 
 
 def suite_estimate(point: Mapping[str, Any], arm: str, baseline: str) -> Estimate:

@@ -41,7 +41,7 @@ import numpy as np
 from specledger import __version__, stats
 from specledger.analysis.theory import sessions as sessions_at
 from specledger.ledger import Ledger
-from specledger.ledger.model import protocol_over_defaults
+from specledger.ledger.model import protocol_over_defaults, protocol_with_overrides
 from specledger.measure import counters
 from specledger.workloads import load_workload, resolve_fixture
 
@@ -81,8 +81,7 @@ SHOWN_ONLY_PROTOCOL: Mapping[str, Mapping[str, Any]] = {"warmup": {"max_windows"
 
 def shown_only_protocol(protocol: Mapping[str, Any]) -> dict[str, Any]:
     """``protocol`` cut to SHOWN_ONLY_PROTOCOL's warm-up and repeats; every other knob is the ledger's."""
-    return {key: ({**value, **SHOWN_ONLY_PROTOCOL.get(key, {})} if isinstance(value, Mapping) else value)
-            for key, value in protocol.items()}
+    return protocol_with_overrides(SHOWN_ONLY_PROTOCOL, base=protocol)
 
 
 def prompts_for(ledger: Ledger, workload_name: str, root: Path | None = None) -> list[str]:
