@@ -513,6 +513,23 @@ def test_runs_keep_who_measured_which_point_across_resumed_recordings():
     assert selection.point_label(("x", None, None)) == "x:-:-"
 
 
+def test_a_later_run_with_another_kv_capacity_is_said_and_each_run_keeps_its_own():
+    """The figures of the 2026-12-02 H200 visits: same arms, restored compile cache, 1.74% more baseline KV."""
+    recorded = [{"name": "baseline", "kv_cache": {"num_blocks": 39523, "block_size": 16, "tokens": 632368}},
+                {"name": "ngram", "kv_cache": {"num_blocks": 38738, "block_size": 16, "tokens": 619808}},
+                {"name": "draft", "kv_cache": None}]
+    infos = {"baseline": {"kv_cache": {"tokens": 643376}}, "ngram": {"kv_cache": {"tokens": 619808}},
+             "draft": {"kv_cache": {"tokens": 403344}}}
+    assert procedure.kv_cache_drift(recorded, infos) == [
+        "baseline: KV cache 643,376 tokens in this run, 632,368 in the ledger's earlier run (+1.74%)"]
+    assert procedure.kv_cache_drift(recorded, {"baseline": {"kv_cache": {"tokens": 632368}}}) == []
+    runs = procedure.merge_runs({"runs": [{"started": "a", "points": ["copy:0:1"],
+                                           "kv_cache_tokens": {"baseline": 632368}}]},
+                                {"date": "d"}, "b", ["copy:0:16"], {"baseline": 643376})
+    assert [r.get("kv_cache_tokens") for r in runs] == [{"baseline": 632368}, {"baseline": 643376}]
+    assert "kv_cache_tokens" not in procedure.merge_runs(None, {"date": "d"}, "c", ["copy:0:1"])[0]
+
+
 def test_a_point_is_compared_against_the_machine_of_the_run_that_recorded_it(monkeypatch):
     from specledger.measure.session import SuiteSession
 

@@ -398,18 +398,38 @@ def arm_facts(ledger: Ledger, infos: Mapping[str, Mapping[str, Any]]) -> dict[st
     return out
 
 
+def kv_cache_drift(recorded_arms: Sequence[Mapping[str, Any]],
+                   infos: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Arms whose KV capacity in this run differs from the one the ledger holds (an earlier run's), one line each.
+
+    Why: vLLM sizes the KV cache from a profiling run, and what that run sees moves with the start's conditions:
+    on 2026-12-02 the same six Qwen arms on the same H200 got 0.6-1.7% more KV blocks with a restored compile
+    cache than without (baseline 40,211 blocks against 39,523). A ledger extended by a later run shows the latest
+    capacity at the top level, so the earlier capacity has to stay with its run, and the difference be said.
+    """
+    lines = []
+    for arm in recorded_arms:
+        before = (arm.get("kv_cache") or {}).get("tokens")
+        now = (infos.get(arm["name"], {}).get("kv_cache") or {}).get("tokens")
+        if before and now and before != now:
+            lines.append(f"{arm['name']}: KV cache {now:,} tokens in this run, {before:,} in the ledger's "
+                         f"earlier run ({now / before - 1.0:+.2%})")
+    return lines
+
+
 #: What a provenance.runs entry keeps of its run's provenance.
 _RUN_KEYS = ("date", "git_commit", "command", "wall_s", "machine", "time_s")
 
 
 def merge_runs(previous: Mapping[str, Any] | None, current: Mapping[str, Any], started: str,
-               recorded: Sequence[str]) -> list[dict[str, Any]]:
+               recorded: Sequence[str], kv_cache_tokens: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
     """``provenance.runs`` after this run: one entry per recording run with the points it holds.
 
     A ledger extended or resumed by a later run (another visit, another day, maybe another machine)
     keeps who measured which point: the earlier runs' entries stay (an older ledger's top-level
     provenance becomes its first entry), a point measured again moves to this run, and a run left
     holding no point drops out. ``started`` tells this run's entry apart across its own stores.
+    ``kv_cache_tokens`` (arm -> tokens) keeps the KV capacity each arm had in this run (see kv_cache_drift).
     """
     prior = [dict(r) for r in (previous or {}).get("runs") or []]
     if not prior and previous and previous.get("date"):
@@ -425,7 +445,10 @@ def merge_runs(previous: Mapping[str, Any] | None, current: Mapping[str, Any], s
             if not run["points"]:
                 continue
         out.append(run)
-    out.append({"started": started, **{k: current[k] for k in _RUN_KEYS if k in current}, "points": sorted(mine)})
+    entry = {"started": started, **{k: current[k] for k in _RUN_KEYS if k in current}, "points": sorted(mine)}
+    if kv_cache_tokens:
+        entry["kv_cache_tokens"] = {name: int(tokens) for name, tokens in kv_cache_tokens.items()}
+    out.append(entry)
     return out
 
 

@@ -74,6 +74,7 @@ class SuiteSession:
         self._engine_starts_s: dict[str, float] = {}
         self._open_specs: tuple[str, list[engines.ArmSpec]] | None = None  # (ledger id, its arms) of open engines
         self._shared_with: dict[str, str] = {}  # ledger id -> the ledger whose engines it measured on
+        self._kv_drift_said: set[str] = set()  # ledgers whose KV drift against an earlier run was said
 
     # -- engines -----------------------------------------------------------------------------------------
     def arms_for(self, ledger: Ledger) -> dict[str, Any]:
@@ -284,6 +285,10 @@ class SuiteSession:
         points.append(measured.point)
         points.sort(key=lambda p: (p["workload"], p["temperature"], p["concurrency"]))
         data["points"] = points
+        if ledger.id not in self._kv_drift_said:
+            self._kv_drift_said.add(ledger.id)
+            for line in procedure.kv_cache_drift(data["arms"], self._infos[ledger.id]):
+                self.progress(f"{ledger.id}: {line}; provenance.runs keeps each run's")
         facts = procedure.arm_facts(working, self._infos[ledger.id])
         for arm in data["arms"]:
             arm.update(facts.get(arm["name"], {}))
@@ -296,7 +301,9 @@ class SuiteSession:
                                   machine=self.machine(ledger))
         prov["time_s"] = self.time_breakdown(ledger.id)
         recorded = [point_label(key) for (lid, key) in self._stored if lid == ledger.id]
-        prov["runs"] = procedure.merge_runs(previous, prov, self._started_at, recorded)
+        kv_tokens = {name: info["kv_cache"]["tokens"] for name, info in self._infos[ledger.id].items()
+                     if (info.get("kv_cache") or {}).get("tokens")}
+        prov["runs"] = procedure.merge_runs(previous, prov, self._started_at, recorded, kv_tokens)
         data["provenance"] = prov
         target = self._target_path(ledger)
         write_ledger(target, data, overwrite=True)
