@@ -12,6 +12,8 @@ This script measures nothing on the ledger: it starts the pinned arms concurrent
 and effective config with the ledger's (recorded by sequential default starts), checks that every arm generates,
 and writes kv-pinned-starts.json under $RESULTS_DIR. Run on the GPU machine from the checkout with
 PYTHONPATH=/tmp/site:. ; on a CPU machine, PIN_LEDGER=ledgers/cpu-smollm2.json makes it a dry run.
+The suite's own path for this is `--ledger-kv-sizing pinned` (specledger.measure.engines.pinned); this script
+stays as it ran for reports/evidence/2026-12-02-h200-kv-pinned-starts.
 """
 
 from __future__ import annotations

@@ -66,6 +66,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--ledger-full-protocol", action="store_true", default=False,
                     help="measure every repeat of the ledger's protocol also where speed figures are only shown "
                          "(another machine, or over HTTP); default: one warm-up window and two repeats there")
+    group.addoption("--ledger-kv-sizing", choices=("default", "pinned"), default="default",
+                    help="pinned: every arm's KV cache gets the block count its ledger recorded, and the arms "
+                         "start at once (a ledger extended or verified on the machine kind that recorded it); "
+                         "default: vLLM sizes each arm's KV cache, one arm after another")
     group.addoption("--ledger-http", action="store_true", default=False,
                     help="verify over HTTP: start one OpenAI-compatible vLLM server per arm, with flags derived "
                          "from the ledger arm, and measure through streaming completions and /metrics")
@@ -191,7 +195,8 @@ def specledger(request: pytest.FixtureRequest) -> Iterator[Any]:
                            force_busy=bool(config.getoption("--ledger-force-busy")),
                            budget_s=config.getoption("--ledger-budget-s"),
                            trusted=bool(config.getoption("--ledger-trust")),
-                           full_protocol=bool(config.getoption("--ledger-full-protocol")))
+                           full_protocol=bool(config.getoption("--ledger-full-protocol")),
+                           kv_sizing=str(config.getoption("--ledger-kv-sizing")))
     config.stash[_SESSION_KEY] = session
     try:
         yield session

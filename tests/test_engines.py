@@ -181,3 +181,27 @@ def test_ledgers_with_the_same_arms_share_one_start_and_others_get_their_own(tmp
         assert sum("starting arm baseline" in line for line in lines) == 2
     finally:
         session.close()
+
+
+def test_pinned_arms_start_at_once_with_the_kv_capacity_their_ledger_recorded():
+    """--ledger-kv-sizing pinned on the real CPU engine: cpu-smollm2's arms start together, each with the block
+    count the ledger recorded, and say so in their effective config (num_gpu_blocks_override)."""
+    from specledger.ledger import load_ledger
+    from specledger.measure.session import SuiteSession, recorded_kv_blocks
+
+    ledger = load_ledger(ROOT / "ledgers" / "cpu-smollm2.json")
+    recorded = recorded_kv_blocks(ledger)
+    assert set(recorded) == {arm["name"] for arm in ledger.arms}
+    lines: list[str] = []
+    session = SuiteSession(root=ROOT, record=False, progress=lines.append, kv_sizing="pinned")
+    try:
+        arms = session.arms_for(ledger)
+        for name, arm in arms.items():
+            assert arm.info["kv_cache"]["num_blocks"] == recorded[name]
+            assert arm.info["effective_config"]["num_gpu_blocks_override"] == recorded[name]
+        assert any(line.startswith(f"starting {len(recorded)} arms at once, KV pinned") for line in lines), lines
+        out = arms["baseline"].prompt_pass(prompts=["Say hello."], concurrency=1,
+                                           sampling={"temperature": 0.0, "max_tokens": 8})
+        assert out["output_tokens"] > 0
+    finally:
+        session.close()

@@ -24,7 +24,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specledger.errors import SpecledgerError
@@ -56,10 +56,28 @@ class ArmSpec:
     role: str
     engine_args: Mapping[str, Any]
     env: Mapping[str, str] = field(default_factory=dict)
+    #: KV-cache blocks pinned for this arm (``pinned``); None: vLLM sizes the cache from a profiling run.
+    kv_blocks: int | None = None
 
     def describe(self) -> str:
         spec = self.engine_args.get("speculative_config")
-        return f"{self.name} ({self.role}{', ' + spec['method'] if spec else ''})"
+        pinned = f", KV pinned to {self.kv_blocks} blocks" if self.kv_blocks else ""
+        return f"{self.name} ({self.role}{', ' + spec['method'] if spec else ''}{pinned})"
+
+
+def pinned(specs: Iterable[ArmSpec], kv_blocks: Mapping[str, int]) -> list[ArmSpec]:
+    """The arms with their KV capacity pinned to ``kv_blocks`` (arm -> blocks, as a ledger recorded them).
+
+    Why: vLLM's default sizing depends on what its profiling run sees (a restored compile cache gave the same
+    six Qwen arms 0.6-1.7% more blocks), and a neighbour starting at the same time corrupts it; pinned, every arm
+    has the ledger's capacity and the arms can start at once (reports/evidence/2026-12-02-h200-kv-pinned-starts:
+    six arms up in 52.9 s against 256 s one after another, KV and effective config equal to the ledger's).
+    """
+    specs = list(specs)
+    missing = [spec.name for spec in specs if not kv_blocks.get(spec.name)]
+    if missing:
+        raise ValueError(f"no recorded KV block count for arm(s) {', '.join(missing)}: cannot pin their KV cache")
+    return [replace(spec, kv_blocks=int(kv_blocks[spec.name])) for spec in specs]
 
 
 def arm_specs(ledger_data: Mapping[str, Any], model_path: str, arm_names: Iterable[str] | None = None, *,
@@ -221,6 +239,8 @@ def start_arms(specs: Iterable[ArmSpec], *, progress: Any = None,
     whole GPU visit.
     """
     pending = [ArmEngine(spec) for spec in specs]
+    if pending and all(arm.spec.kv_blocks for arm in pending):
+        return _start_at_once(pending, progress=progress, failures=failures)
     started: list[ArmEngine] = []
     try:
         for arm in pending:
@@ -249,6 +269,51 @@ def start_arms(specs: Iterable[ArmSpec], *, progress: Any = None,
             arm.close()
         raise
     return started
+
+
+def _start_at_once(pending: list[ArmEngine], *, progress: Any = None,
+                   failures: dict[str, BaseException] | None = None) -> list[ArmEngine]:
+    """Build every arm's engine at the same time: only for arms whose KV cache is pinned (``pinned``), since a
+    pinned arm sizes nothing from the device's free memory that its neighbours' allocations would disturb."""
+    errors: dict[str, EngineStartError] = {}
+    t0 = time.monotonic()
+
+    def start(arm: ArmEngine) -> None:
+        try:
+            arm.start()
+        except EngineStartError as exc:
+            errors[arm.spec.name] = exc
+            return
+        if progress:
+            kv = arm.info.get("kv_cache", {})
+            progress(f"arm {arm.spec.name} ready after {time.monotonic() - t0:.0f} s (engine build "
+                     f"{build_seconds(arm.info) or 0.0:.0f} s, KV cache {kv.get('tokens', '?')} tokens, pinned)")
+
+    try:
+        for arm in pending:
+            arm.spawn()
+        if progress:
+            progress(f"starting {len(pending)} arms at once, KV pinned: "
+                     f"{', '.join(arm.spec.describe() for arm in pending)}")
+        threads = [threading.Thread(target=start, args=(arm,), name=f"start-{arm.spec.name}") for arm in pending]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    except BaseException:
+        for arm in pending:
+            arm.close()
+        raise
+    for name, exc in errors.items():
+        if progress:
+            progress(f"arm {name} FAILED to start: {str(exc)[-2000:]}")
+        if failures is not None:
+            failures[name] = exc
+    if errors and failures is None:
+        for arm in pending:
+            arm.close()
+        raise next(iter(errors.values()))
+    return [arm for arm in pending if arm.spec.name not in errors]
 
 
 def build_seconds(info: Mapping[str, Any]) -> float | None:
@@ -428,6 +493,9 @@ async def _start_engine(spec: ArmSpec) -> tuple[Any, Any]:
 
     args = dict(spec.engine_args)
     args.setdefault("disable_log_stats", False)  # the spec-decode counters need stat logging
+    if spec.kv_blocks:
+        args["num_gpu_blocks_override"] = int(spec.kv_blocks)
+        args["kv_cache_memory_bytes"] = kv_cache_budget_bytes(args)
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
     tokenizer = AutoTokenizer.from_pretrained(args.get("tokenizer") or args["model"])
     return engine, tokenizer
@@ -459,6 +527,19 @@ def _engine_distribution() -> str:
     return "vllm"
 
 
+def kv_cache_budget_bytes(args: Mapping[str, Any]) -> int:
+    """The KV memory a pinned arm declares (``kv_cache_memory_bytes``), so that vLLM skips sizing it from a
+    profiling run: the share of the device the ledger's ``gpu_memory_utilization`` names. The pinned block count
+    decides what is allocated; this only has to hold it and one request of ``max_model_len``. On the CPU the
+    engine's own KV space (``VLLM_CPU_KVCACHE_SPACE``, GiB)."""
+    import torch
+
+    if torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        return int(float(args.get("gpu_memory_utilization", 0.9)) * total)
+    return int(float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 4) * 2**30)
+
+
 def kv_cache_capacity(cfg: Any) -> dict[str, int]:
     """KV-cache capacity as the engine core reported it: blocks x block size."""
     cache = cfg.cache_config
@@ -487,6 +568,7 @@ def effective_config(engine: Any) -> dict[str, Any]:
         "kv_cache_dtype": _plain(getattr(cfg.cache_config, "cache_dtype", None)),
         "block_size": _plain(getattr(cfg.cache_config, "block_size", None)),
         "num_gpu_blocks": _plain(getattr(cfg.cache_config, "num_gpu_blocks", None)),
+        "num_gpu_blocks_override": _plain(getattr(cfg.cache_config, "num_gpu_blocks_override", None)),
         "gpu_memory_utilization": _plain(getattr(cfg.cache_config, "gpu_memory_utilization", None)),
         "quantization": _plain(getattr(cfg.model_config, "quantization", None)),
         "tensor_parallel_size": _plain(getattr(cfg.parallel_config, "tensor_parallel_size", None)),

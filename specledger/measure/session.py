@@ -38,11 +38,18 @@ class BusyMachine(SpecledgerError, RuntimeError):
     """Recording refused: other processes are using the CPU, and their load would land in the figures."""
 
 
+def recorded_kv_blocks(ledger: Ledger) -> dict[str, int]:
+    """Each arm's KV block count as the ledger recorded it ($.arms[*].kv_cache.num_blocks), for pinned starts."""
+    return {arm["name"]: int(arm["kv_cache"]["num_blocks"]) for arm in ledger.arms
+            if (arm.get("kv_cache") or {}).get("num_blocks")}
+
+
 class SuiteSession:
     def __init__(self, *, root: Path, record: bool, out_dir: Path | None = None,
                  progress: Progress = print, command: str | None = None, only_missing: bool = False,
                  http: HTTPMode | None = None, force_busy: bool = False, adaptive: bool = True,
-                 budget_s: float | None = None, trusted: bool = False, full_protocol: bool = False) -> None:
+                 budget_s: float | None = None, trusted: bool = False, full_protocol: bool = False,
+                 kv_sizing: str = "default") -> None:
         if http is not None and record:
             raise ValueError("HTTP mode verifies only: a ledger's figures are recorded with in-process engines "
                              "(over HTTP the tokens/s include the client and server overhead)")
@@ -58,6 +65,9 @@ class SuiteSession:
         self.budget_s = budget_s
         self.trusted = trusted
         self.full_protocol = full_protocol
+        if kv_sizing not in ("default", "pinned"):
+            raise ValueError(f"kv_sizing must be 'default' or 'pinned', not {kv_sizing!r}")
+        self.kv_sizing = kv_sizing
         self.results: list[tuple[str, Any]] = []
         self._machines: dict[str, dict[str, Any] | None] = {}
         self._arms: dict[str, dict[str, Any]] = {}
@@ -102,6 +112,12 @@ class SuiteSession:
             self._model_build_s[ledger.id] = t0 - t_model
             specs = None if self.http is not None else \
                 engines.arm_specs(ledger.data, model, source=str(ledger.path), trusted=self.trusted)
+            if specs is not None and self.kv_sizing == "pinned":
+                try:
+                    specs = engines.pinned(specs, recorded_kv_blocks(ledger))
+                except ValueError as exc:
+                    self._failed_start[ledger.id] = exc
+                    raise ValueError(f"{ledger.path}: --ledger-kv-sizing pinned: {exc}") from exc
             if specs is not None and self._open_specs is not None \
                     and all(spec in self._open_specs[1] for spec in specs):
                 return self._share_engines(ledger, self._open_specs[0], specs)

@@ -1,0 +1,91 @@
+"""Pinned KV capacity (--ledger-kv-sizing pinned): which arms are pinned, and how their concurrent start fails.
+
+The engines here are small fakes (pure logic: threads, failures, progress); the real starts are in
+tests/test_engines.py (CPU engine) and reports/evidence/2026-12-02-h200-kv-pinned-starts (H200).
+"""
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from specledger.ledger import parse_ledger
+from specledger.measure import engines
+from specledger.measure.session import SuiteSession, recorded_kv_blocks
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _specs() -> list[engines.ArmSpec]:
+    return [engines.ArmSpec(name=n, role=r, engine_args={"model": "m"}) for n, r in
+            (("baseline", "baseline"), ("ngram", "speculative"), ("draft", "speculative"))]
+
+
+def test_pinned_gives_every_arm_its_recorded_blocks_and_refuses_an_arm_without_one():
+    pinned = engines.pinned(_specs(), {"baseline": 39523, "ngram": 38738, "draft": 25055})
+    assert [s.kv_blocks for s in pinned] == [39523, 38738, 25055]
+    assert all(s.engine_args == {"model": "m"} for s in pinned)  # the override is added in the worker
+    assert "KV pinned to 25055 blocks" in pinned[2].describe() and "pinned" not in _specs()[2].describe()
+    with pytest.raises(ValueError, match="no recorded KV block count for arm\\(s\\) draft"):
+        engines.pinned(_specs(), {"baseline": 39523, "ngram": 38738})
+
+
+def test_recorded_kv_blocks_read_the_ledgers_arms_and_a_planned_ledger_has_none():
+    measured = json.loads((ROOT / "ledgers" / "h200-qwen2.5-coder-1.5b.json").read_text())
+    ledger = parse_ledger(json.dumps(measured), "h200.json")
+    blocks = recorded_kv_blocks(ledger)
+    assert blocks["baseline"] == 39523 and blocks["draft-0.5b"] == 25055 and len(blocks) == len(ledger.arms)
+    for arm in measured["arms"]:
+        arm.pop("kv_cache", None)
+    assert recorded_kv_blocks(parse_ledger(json.dumps(measured), "planned.json")) == {}
+    with pytest.raises(ValueError, match="kv_sizing must be 'default' or 'pinned'"):
+        SuiteSession(root=ROOT, record=False, kv_sizing="auto")
+
+
+class _FakeArm(engines.ArmEngine):
+    """An arm whose start sleeps (or fails) instead of building an engine: counts how many start at once."""
+
+    running = 0
+    most = 0
+    lock = threading.Lock()
+
+    def spawn(self):  # noqa: D102
+        return self
+
+    def start(self):  # noqa: D102
+        with _FakeArm.lock:
+            _FakeArm.running += 1
+            _FakeArm.most = max(_FakeArm.most, _FakeArm.running)
+        time.sleep(0.2)
+        with _FakeArm.lock:
+            _FakeArm.running -= 1
+        if self.spec.name == "draft":
+            raise engines.EngineStartError("draft: CUDA out of memory")
+        self.info = {"kv_cache": {"tokens": (self.spec.kv_blocks or 1) * 16}, "start_timings": {}}
+        return self
+
+    def close(self, timeout_s: float = 60.0):  # noqa: D102
+        self.closed = True
+
+
+def test_pinned_arms_start_at_once_and_one_that_fails_leaves_the_others_up(monkeypatch):
+    monkeypatch.setattr(engines, "ArmEngine", _FakeArm)
+    _FakeArm.most = 0
+    lines: list[str] = []
+    failures: dict[str, BaseException] = {}
+    specs = engines.pinned(_specs(), {"baseline": 10, "ngram": 9, "draft": 8})
+    started = engines.start_arms(specs, progress=lines.append, failures=failures)
+    assert _FakeArm.most == 3, "pinned arms build at the same time"
+    assert [a.spec.name for a in started] == ["baseline", "ngram"] and list(failures) == ["draft"]
+    assert lines[0].startswith("starting 3 arms at once, KV pinned")
+    assert any("arm ngram ready after" in line and "144 tokens, pinned" in line for line in lines)
+    assert any(line.startswith("arm draft FAILED to start: draft: CUDA out of memory") for line in lines)
+    # without a failures dict the first failure is raised and every arm is closed
+    with pytest.raises(engines.EngineStartError, match="CUDA out of memory"):
+        engines.start_arms(specs)
+    # arms without a pinned block count start one after another, as before
+    _FakeArm.most = 0
+    engines.start_arms(_specs()[:2])
+    assert _FakeArm.most == 1
