@@ -84,7 +84,6 @@ class SuiteSession:
         self._engine_starts_s: dict[str, float] = {}
         self._open_specs: tuple[str, list[engines.ArmSpec]] | None = None  # (ledger id, its arms) of open engines
         self._shared_with: dict[str, str] = {}  # ledger id -> the ledger whose engines it measured on
-        self._kv_drift_said: set[str] = set()  # ledgers whose KV drift against an earlier run was said
 
     # -- engines -----------------------------------------------------------------------------------------
     def arms_for(self, ledger: Ledger) -> dict[str, Any]:
@@ -117,7 +116,8 @@ class SuiteSession:
                     specs = engines.pinned(specs, recorded_kv_blocks(ledger))
                 except ValueError as exc:
                     self._failed_start[ledger.id] = exc
-                    raise ValueError(f"{ledger.path}: --ledger-kv-sizing pinned: {exc}") from exc
+                    raise ValueError(f"{ledger.path}: $.arms[*].kv_cache.num_blocks: --ledger-kv-sizing pinned: "
+                                     f"{exc}") from exc
             if specs is not None and self._open_specs is not None \
                     and all(spec in self._open_specs[1] for spec in specs):
                 return self._share_engines(ledger, self._open_specs[0], specs)
@@ -295,16 +295,14 @@ class SuiteSession:
             self._recorded[ledger.id] = working
             for stale in remove_stale_temporaries(self._target_path(ledger)):  # a killed run's leftovers
                 self.progress(f"{ledger.id}: removed {stale}, left by an interrupted write")
+            for line in procedure.kv_cache_drift(ledger.arms, self._infos[ledger.id]):  # once, at the first store
+                self.progress(f"{ledger.id}: {line}; provenance.runs keeps each run's")
         data = working.data
         points = [p for p in data.get("points", [])
                   if (p["workload"], p.get("temperature"), p.get("concurrency")) != measured.key]
         points.append(measured.point)
         points.sort(key=lambda p: (p["workload"], p["temperature"], p["concurrency"]))
         data["points"] = points
-        if ledger.id not in self._kv_drift_said:
-            self._kv_drift_said.add(ledger.id)
-            for line in procedure.kv_cache_drift(data["arms"], self._infos[ledger.id]):
-                self.progress(f"{ledger.id}: {line}; provenance.runs keeps each run's")
         facts = procedure.arm_facts(working, self._infos[ledger.id])
         for arm in data["arms"]:
             arm.update(facts.get(arm["name"], {}))
@@ -317,8 +315,7 @@ class SuiteSession:
                                   machine=self.machine(ledger))
         prov["time_s"] = self.time_breakdown(ledger.id)
         recorded = [point_label(key) for (lid, key) in self._stored if lid == ledger.id]
-        kv_tokens = {name: info["kv_cache"]["tokens"] for name, info in self._infos[ledger.id].items()
-                     if (info.get("kv_cache") or {}).get("tokens")}
+        kv_tokens = {name: fact["kv_cache"]["tokens"] for name, fact in facts.items() if fact["kv_cache"].get("tokens")}
         prov["runs"] = procedure.merge_runs(previous, prov, self._started_at, recorded, kv_tokens)
         data["provenance"] = prov
         target = self._target_path(ledger)
