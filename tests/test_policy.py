@@ -19,8 +19,8 @@ from specledger.analysis.policy import (
     drafter_groups,
     policy_document,
     render_policy,
-    schedule_support,
 )
+from specledger.analysis.schedule_support import schedule_support
 from specledger.cli import main
 from specledger.ledger import load_ledger, parse_ledger
 

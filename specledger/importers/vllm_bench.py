@@ -47,6 +47,9 @@ tokenizers or backends, mixed datasets (declared dataset, or paired runs that se
 prompts), two files for one arm at one point, a speculative point without its baseline, a
 baseline run with speculative counters, failed requests, open-loop runs (a finite request rate
 has no fixed concurrency).
+
+Over 500 lines on purpose: one importer, whose every check above is a rule a reader holds the import to;
+the table above is its map, and the functions below follow it field by field.
 """
 
 from __future__ import annotations

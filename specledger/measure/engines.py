@@ -10,6 +10,9 @@ that can be killed whole: no orphan engine cores, no GPU memory left behind.
 The parent talks to a worker over a ``multiprocessing`` pipe with small dicts; the
 worker owns an ``AsyncLLM`` and drives closed-loop load against it in-process (see
 ``specledger.measure.driver``), reading the spec-decode counters as deltas around each run.
+
+Over 500 lines on purpose: every vLLM call lives here (engine arguments, the worker, KV sizing, effective
+config, the counters), so a vLLM upgrade is reviewed in one file; the load itself is `driver`'s.
 """
 
 from __future__ import annotations
