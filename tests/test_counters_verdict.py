@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from specledger.analysis import verdict
 from specledger.ledger import Ledger, dump_ledger, load_ledger, parse_ledger, selection
 from specledger.ledger.model import DEFAULT_PROTOCOL
-from specledger.measure import counters, driver, procedure
+from specledger.measure import counters, driver, fingerprint, procedure
 from specledger.render import tables
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -172,6 +172,14 @@ def test_summarize_counts_tokens_by_arrival_time_and_times_requests_inside_the_w
     assert result["itl_s"] == [pytest.approx(0.5), pytest.approx(0.5)]
     # token arrivals inside the window: 10.2, 10.5, 11.0, 11.5; the longest silence is 11.5 -> close at 12.0
     assert result["longest_gap_s"] == pytest.approx(0.5)
+    assert result["cpu_steal_share"] is None  # no CPU figures given: none invented
+
+
+def test_summarize_keeps_the_windows_cpu_shares():
+    trace = driver.RequestTrace(0, 0, sent_at=10.0, token_times=[10.5, 11.0], token_counts=[1, 1], done_at=11.0)
+    result = driver.summarize([trace], t_start=9.0, t_open=10.0, t_close=12.0, concurrency=1,
+                              cpu=fingerprint.CpuShares(steal=0.25, busy=0.5))
+    assert (result["cpu_steal_share"], result["cpu_busy_share"]) == (0.25, 0.5)
 
 
 def test_a_stall_is_a_long_gap_and_a_slow_steady_rate_is_not():
@@ -238,6 +246,20 @@ def test_build_point_multiplier_is_the_paired_ratio_of_means_with_its_ci():
     assert spec["latency_s"]["ttft"]["p50"] == pytest.approx(0.15)
     assert spec["window"]["seconds"] == [5.0] * 5
     assert "multiplier" not in point["arms"]["baseline"]
+    _schema_valid(ledger, point)
+
+
+def test_build_point_keeps_each_windows_cpu_steal_and_busy_share():
+    ledger = _ledger_with_arms()
+    workload = ledger.data["workloads"][0]["name"]
+    runs = _runs([100, 110, 90, 105, 95], [150, 168, 133, 160, 139])
+    for i, window in enumerate(runs["baseline"]):
+        window.update(cpu_steal_share=0.01 * i, cpu_busy_share=0.5)
+    runs["spec"][2]["cpu_steal_share"] = 0.3  # the other windows of this arm have none: no list for it
+    point = procedure.build_point(ledger, workload, 0.0, 2, runs)
+    assert point["arms"]["baseline"]["window"]["cpu_steal_share"] == [0.0, 0.01, 0.02, 0.03, 0.04]
+    assert point["arms"]["baseline"]["window"]["cpu_busy_share"] == [0.5] * 5
+    assert "cpu_steal_share" not in point["arms"]["spec"]["window"]
     _schema_valid(ledger, point)
 
 

@@ -3,6 +3,7 @@ measured on this machine with real spinning processes (ours, and one that is not
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import shlex
@@ -14,11 +15,16 @@ import time
 
 import psutil
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from specledger.measure.fingerprint import (
     COMPARABLE_KEYS,
+    CpuShares,
     LoadSample,
     busy_message,
+    cpu_shares,
+    cpu_snapshot,
     describe_differences,
     differences,
     is_busy,
@@ -241,3 +247,44 @@ def test_sample_load_child_reaped_during_interval():
 @pytest.mark.parametrize("pid", [2**22 + 12345])
 def test_sample_load_tolerates_missing_own_pid(pid: int):
     assert 0.0 <= sample_load(0.2, own_pids=[pid]).others_cpu_share <= 1.0
+
+
+# -- CPU shares of a measurement window -------------------------------------------------------------------------
+
+_Times = collections.namedtuple("_Times", "user nice system idle iowait irq softirq steal guest guest_nice")
+
+
+def test_cpu_shares_split_a_window_into_steal_busy_and_idle():
+    before = _Times(100, 0, 20, 500, 5, 0, 1, 10, 0, 0)
+    # 100 s of CPU time passed: 30 user (of which 10 guest, counted twice by Linux), 10 system, 40 idle, 0 iowait,
+    # 20 steal; the guest seconds must not inflate the total
+    after = _Times(130, 0, 30, 540, 5, 0, 1, 30, 10, 0)
+    shares = cpu_shares(before, after)
+    assert shares == CpuShares(steal=pytest.approx(0.2), busy=pytest.approx(0.4))
+
+
+def test_cpu_shares_none_without_steal_or_without_time():
+    plain = collections.namedtuple("plain", "user system idle")  # macOS and Windows report no steal
+    assert cpu_shares(plain(1, 1, 1), plain(2, 2, 2)) is None
+    same = _Times(1, 0, 1, 1, 0, 0, 0, 0, 0, 0)
+    assert cpu_shares(same, same) is None
+
+
+@given(st.lists(st.floats(0, 1e4), min_size=10, max_size=10), st.lists(st.floats(0, 1e3), min_size=10, max_size=10))
+def test_cpu_shares_stay_shares(start, grow):
+    before = _Times(*start)
+    after = _Times(*(a + b for a, b in zip(start, grow, strict=True)))
+    shares = cpu_shares(before, after)
+    if shares is not None:
+        assert 0 <= shares.steal <= 1 and 0 <= shares.busy <= 1
+        assert shares.steal + shares.busy <= 1 + 1e-9  # idle and iowait are the rest
+
+
+def test_cpu_shares_of_this_machine():
+    before = cpu_snapshot()
+    deadline = time.monotonic() + 0.3
+    while time.monotonic() < deadline:  # keep one CPU busy so the window has work in it
+        pass
+    shares = cpu_shares(before, cpu_snapshot())
+    if sys.platform.startswith("linux"):
+        assert shares is not None and shares.busy > 0

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specledger.errors import SpecledgerError
+from specledger.measure import fingerprint
 
 #: ITL samples kept per window (systematic subsample): percentiles need no more, and the
 #: result crosses a process pipe.
@@ -89,8 +90,10 @@ async def steady_window(submit: Submit, *, concurrency: int, window_s: float, fi
         if not opener.done():
             raise RampTimeout(f"not every one of {concurrency} users finished a request within {ramp_timeout_s:.0f} s")
         t_open = time.perf_counter()
+        cpu_open = fingerprint.cpu_snapshot()
         await _wait_or_raise(users, None, window_s)
         t_close = time.perf_counter()
+        cpu = fingerprint.cpu_shares(cpu_open, fingerprint.cpu_snapshot())
     finally:
         closed = True
         opener.cancel()
@@ -98,7 +101,7 @@ async def steady_window(submit: Submit, *, concurrency: int, window_s: float, fi
             task.cancel()  # aborts what is still in flight: tokens after the close are not counted
         await asyncio.gather(*users, opener, return_exceptions=True)
     return summarize(traces, t_start=t_start, t_open=t_open, t_close=t_close, concurrency=concurrency,
-                     n_prompts=n_prompts)
+                     n_prompts=n_prompts, cpu=cpu)
 
 
 class PassTimeout(SpecledgerError, RuntimeError):
@@ -170,8 +173,9 @@ async def _wait_or_raise(users: list[asyncio.Task], opener: asyncio.Task | None,
 
 
 def summarize(traces: Sequence[RequestTrace], *, t_start: float, t_open: float, t_close: float, concurrency: int,
-              n_prompts: int | None = None) -> dict[str, Any]:
-    """The window's figures from the request traces (pure: unit-tested without an engine)."""
+              n_prompts: int | None = None, cpu: fingerprint.CpuShares | None = None) -> dict[str, Any]:
+    """The window's figures from the request traces (pure: unit-tested without an engine); `cpu`, where the
+    platform gives it, is how the machine's CPU time went during the window."""
     window_s = t_close - t_open
     tokens = sum(n for tr in traces for t, n in zip(tr.token_times, tr.token_counts, strict=True)
                  if t_open <= t < t_close)
@@ -192,6 +196,8 @@ def summarize(traces: Sequence[RequestTrace], *, t_start: float, t_open: float, 
     median_latency = statistics.median(latencies) if latencies else None
     return {
         "longest_gap_s": longest_gap(traces, t_open, t_close),
+        "cpu_steal_share": cpu.steal if cpu else None,
+        "cpu_busy_share": cpu.busy if cpu else None,
         "concurrency": concurrency,
         "window_s": window_s,
         "ramp_s": t_open - t_start,

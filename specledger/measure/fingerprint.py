@@ -201,6 +201,43 @@ def sample_load(interval_s: float = 1.0, *, own_pids: Iterable[int] | None = Non
     return LoadSample(loadavg_1m=os.getloadavg()[0], others_cpu_share=share)
 
 
+@dataclass(frozen=True)
+class CpuShares:
+    """Where all logical CPUs' time went during one measurement window, as shares of it (0..1).
+
+    `steal`: time the hypervisor ran other guests on this VM's CPUs, invisible to every process here; on a lent
+    VM it is the neighbour load that the repeats otherwise cannot tell from the engine's own noise.
+    `busy`: all time but idle, iowait and steal (the engine's own work included)."""
+
+    steal: float
+    busy: float
+
+
+def cpu_snapshot() -> Any:
+    """System-wide cumulative CPU times (psutil.cpu_times()); two of them around a window give its CpuShares."""
+    return psutil.cpu_times()
+
+
+def cpu_shares(before: Any, after: Any) -> CpuShares | None:
+    """The CpuShares between two cpu_snapshot()s; None where the platform reports no steal time, or no time passed.
+
+    Guest time is already inside user and nice (Linux counts it twice in /proc/stat), so it is left out of the total.
+    """
+    if not hasattr(before, "steal") or not hasattr(after, "steal"):
+        return None
+
+    def total(t: Any) -> float:
+        return sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+
+    span = total(after) - total(before)
+    if span <= 0:
+        return None
+    steal = after.steal - before.steal
+    idle = (after.idle - before.idle) + (getattr(after, "iowait", 0.0) - getattr(before, "iowait", 0.0))
+    clamp = lambda x: min(1.0, max(0.0, x))  # noqa: E731 - counters read a few microseconds apart can jitter
+    return CpuShares(steal=clamp(steal / span), busy=clamp((span - idle - steal) / span))
+
+
 def is_busy(sample: LoadSample, threshold: float) -> bool:
     return sample.others_cpu_share > threshold
 

@@ -189,6 +189,12 @@ def acceptance_passes(ledger: Ledger, arms: Mapping[str, Any], prompts: list[str
     return out
 
 
+def _steal_note(window: Mapping[str, Any]) -> str:
+    """`, CPU steal 3.1%` for a progress line when the hypervisor took a visible share of the window (>= 0.5%)."""
+    steal = window.get("cpu_steal_share")
+    return f", CPU steal {steal:.1%}" if steal is not None and steal >= 0.005 else ""
+
+
 def measure_point(ledger: Ledger, arms: Mapping[str, Any], workload: str, temperature: float,
                   concurrency: int, *, root: Path | None = None, progress: Progress = _noop,
                   more: MoreRule | None = None, protocol: Mapping[str, Any] | None = None) -> PointMeasurement:
@@ -231,7 +237,8 @@ def measure_point(ledger: Ledger, arms: Mapping[str, Any], workload: str, temper
                 * (planned * len(names) - sum(map(len, runs.values())))
             progress(f"{workload} T={temperature:g} c={concurrency} repeat {r + 1}/{planned} {name}: "
                      f"{res['output_tokens_per_s']:.1f} tok/s in a {res['window_s']:.1f} s window "
-                     f"({res['requests']} requests, {res['rounds'] or 0:.1f} rounds); point ETA {eta:.0f} s")
+                     f"({res['requests']} requests, {res['rounds'] or 0:.1f} rounds{_steal_note(res)}); "
+                     f"point ETA {eta:.0f} s")
 
     for r in range(min_repeats):
         one_repeat(r, min_repeats)
@@ -333,8 +340,9 @@ def build_point(ledger: Ledger, workload: str, temperature: float, concurrency: 
                        "requests": [int(x["requests"]) for x in rs],
                        "rounds": [round(float(x["rounds"] or 0.0), 2) for x in rs]},
         }
-        if all(x.get("longest_gap_s") is not None for x in rs):
-            result["window"]["longest_gap_s"] = [round(float(x["longest_gap_s"]), 4) for x in rs]
+        for key in ("longest_gap_s", "cpu_steal_share", "cpu_busy_share"):
+            if all(x.get(key) is not None for x in rs):
+                result["window"][key] = [round(float(x[key]), 4) for x in rs]
         if warmups and name in warmups:
             result["warmup"] = {k: v for k, v in warmups[name].items() if k != "request_latency_s"}
         latency = latency_figures(rs)
