@@ -30,6 +30,7 @@ def curve(a: Auditor, arm: str, workload: str, temperature: Any) -> tuple[list[i
 
 
 def check_critical(a: Auditor) -> None:
+    """Every stated crossing (crosses, between, value) against the one its points give."""
     for j, stated in enumerate(a.ledger.data.get("critical_concurrency", [])):
         parts: Parts = ["critical_concurrency", j]
         temperature = stated.get("temperature", _ANY)

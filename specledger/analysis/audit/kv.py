@@ -11,6 +11,7 @@ from specledger.ledger.figures import decimals_of, decimals_word, ratio_interval
 
 
 def check_kv_cache(a: Auditor) -> None:
+    """Every arm's KV tokens against its blocks, its sessions against its tokens, its stated change."""
     d_sessions = a.ledger.rounding["sessions"]
     for i, arm in enumerate(a.ledger.arms):
         kv = arm.get("kv_cache") or {}
@@ -74,6 +75,7 @@ def kv_change_interval(a: Auditor, arm: dict[str, Any], context: int | None = No
 
 
 def kv_change(a: Auditor, i: int, arm: dict[str, Any], stated: float, d_sessions: int) -> None:
+    """The stated `change_vs_baseline` must be a rounding of the change the capacities give."""
     found = kv_change_interval(a, arm)
     if found is None:
         return

@@ -12,6 +12,7 @@ from specledger.ledger.figures import decimals_word, eps, is_v3, multiplier_cent
 
 
 def check_points(a: Auditor) -> None:
+    """Every arm of every point: its throughput summary, multipliers, v3 intervals, acceptance and timers."""
     for i, point in enumerate(a.ledger.points):
         rounding = a.ledger.rounding_for(point)
         for arm_name, result in point["arms"].items():

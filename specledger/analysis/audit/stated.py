@@ -18,6 +18,7 @@ class _Unpinned(Exception):
 
 
 def check_claims(a: Auditor) -> None:
+    """Every claim the ledger states must be a rounding of the figure behind it."""
     for j, claim in enumerate(a.ledger.data.get("claims", [])):
         parts: Parts = ["claims", j]
         try:
@@ -38,6 +39,7 @@ def check_claims(a: Auditor) -> None:
 
 
 def claim_arm(a: Auditor, claim: dict[str, Any]) -> str:
+    """The arm a claim names, or the ledger's only speculative arm."""
     if "arm" in claim:
         return claim["arm"]
     arms = a.ledger.speculative_arms()
@@ -119,6 +121,7 @@ def claim_interval(a: Auditor, claim: dict[str, Any]) -> tuple[float, float, str
 
 
 def stated_interval(value: float, decimals: int, what: str) -> tuple[float, float, str]:
+    """The values a stated figure stands for: itself +- half a unit of its rounding."""
     h = half_unit(decimals)
     return (
         value - h,
@@ -128,6 +131,7 @@ def stated_interval(value: float, decimals: int, what: str) -> tuple[float, floa
 
 
 def check_mix(a: Auditor) -> None:
+    """A workload mix's shares sum to 1."""
     mix = a.ledger.data.get("workload_mix")
     if not mix:
         return
