@@ -38,6 +38,15 @@ def spread(values: list[float]) -> dict[str, float]:
             "cv": statistics.stdev(values) / mean if len(values) > 1 and mean > 0 else 0.0}
 
 
+def python_slice_s() -> float:
+    """Seconds for 300,000 iterations of pure Python: the interpreter work of a scheduler step."""
+    t0 = time.perf_counter()
+    x = 0
+    for i in range(300_000):
+        x += i & 7
+    return time.perf_counter() - t0
+
+
 def smi() -> str:
     q = "clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,clocks_event_reasons.active"
     r = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True, text=True)
@@ -85,11 +94,7 @@ def main() -> int:
     t_end = time.monotonic() + seconds
     while time.monotonic() < t_end:
         s0 = proc_stat()
-        t0 = time.perf_counter()
-        x = 0
-        for i in range(300_000):  # pure Python: the interpreter work of a scheduler step
-            x += i & 7
-        py_s = time.perf_counter() - t0
+        py_s = python_slice_s()
         t0 = time.perf_counter()
         for _ in range(2000):  # launch-bound: 2,000 tiny kernels, the shape of a small model's decode step
             tiny.add_(1.0)
@@ -110,12 +115,7 @@ def main() -> int:
     for _ in range(2):
         for c in cpus:
             os.sched_setaffinity(0, {c})
-            for _ in range(15):
-                t0 = time.perf_counter()
-                x = 0
-                for i in range(300_000):
-                    x += i & 7
-                result["per_cpu"][str(c)].append(time.perf_counter() - t0)
+            result["per_cpu"][str(c)] += [python_slice_s() for _ in range(15)]
     os.sched_setaffinity(0, set(cpus))
     sl = result["slices"]
     result["summary"] = {

@@ -178,10 +178,16 @@ def _tree_cpu_s(tree: Iterable[psutil.Process]) -> dict[psutil.Process, tuple[fl
     return out
 
 
+def _total_cpu_s(t: Any) -> float:
+    """All CPU seconds in psutil.cpu_times() `t`, each once: guest time is already inside user and nice (Linux counts
+    it twice in /proc/stat), so it is left out."""
+    return sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+
+
 def _busy_cpu_s() -> float:
-    """System-wide busy CPU seconds: all but idle and iowait (guest time is already inside user and nice)."""
+    """System-wide busy CPU seconds: all but idle and iowait."""
     t = psutil.cpu_times()
-    return sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+    return _total_cpu_s(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
 def sample_load(interval_s: float = 1.0, *, own_pids: Iterable[int] | None = None) -> LoadSample:
@@ -219,17 +225,10 @@ def cpu_snapshot() -> Any:
 
 
 def cpu_shares(before: Any, after: Any) -> CpuShares | None:
-    """The CpuShares between two cpu_snapshot()s; None where the platform reports no steal time, or no time passed.
-
-    Guest time is already inside user and nice (Linux counts it twice in /proc/stat), so it is left out of the total.
-    """
+    """The CpuShares between two cpu_snapshot()s; None where the platform reports no steal time, or no time passed."""
     if not hasattr(before, "steal") or not hasattr(after, "steal"):
         return None
-
-    def total(t: Any) -> float:
-        return sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
-
-    span = total(after) - total(before)
+    span = _total_cpu_s(after) - _total_cpu_s(before)
     if span <= 0:
         return None
     steal = after.steal - before.steal
