@@ -178,8 +178,10 @@ def test_summarize_counts_tokens_by_arrival_time_and_times_requests_inside_the_w
 def test_summarize_keeps_the_windows_cpu_shares():
     trace = driver.RequestTrace(0, 0, sent_at=10.0, token_times=[10.5, 11.0], token_counts=[1, 1], done_at=11.0)
     result = driver.summarize([trace], t_start=9.0, t_open=10.0, t_close=12.0, concurrency=1,
-                              cpu=fingerprint.CpuShares(steal=0.25, busy=0.5))
+                              cpu=fingerprint.CpuShares(steal=0.25, busy=0.5), host_slice_ms=12.5,
+                              opened_unix_s=1_796_000_000.0)
     assert (result["cpu_steal_share"], result["cpu_busy_share"]) == (0.25, 0.5)
+    assert (result["host_slice_ms"], result["opened_unix_s"]) == (12.5, 1_796_000_000.0)
 
 
 def test_a_stall_is_a_long_gap_and_a_slow_steady_rate_is_not():
@@ -249,16 +251,19 @@ def test_build_point_multiplier_is_the_paired_ratio_of_means_with_its_ci():
     _schema_valid(ledger, point)
 
 
-def test_build_point_keeps_each_windows_cpu_steal_and_busy_share():
+def test_build_point_keeps_each_windows_cpu_shares_host_speed_and_clock():
     ledger = _ledger_with_arms()
     workload = ledger.data["workloads"][0]["name"]
     runs = _runs([100, 110, 90, 105, 95], [150, 168, 133, 160, 139])
     for i, window in enumerate(runs["baseline"]):
-        window.update(cpu_steal_share=0.01 * i, cpu_busy_share=0.5)
+        window.update(cpu_steal_share=0.01 * i, cpu_busy_share=0.5, host_slice_ms=12.0 + 10 * (i % 2),
+                      opened_unix_s=1_796_000_000.0 + 30 * i)
     runs["spec"][2]["cpu_steal_share"] = 0.3  # the other windows of this arm have none: no list for it
     point = procedure.build_point(ledger, workload, 0.0, 2, runs)
     assert point["arms"]["baseline"]["window"]["cpu_steal_share"] == [0.0, 0.01, 0.02, 0.03, 0.04]
     assert point["arms"]["baseline"]["window"]["cpu_busy_share"] == [0.5] * 5
+    assert point["arms"]["baseline"]["window"]["host_slice_ms"] == [12.0, 22.0, 12.0, 22.0, 12.0]
+    assert point["arms"]["baseline"]["window"]["opened_unix_s"][-1] == 1_796_000_120.0
     assert "cpu_steal_share" not in point["arms"]["spec"]["window"]
     _schema_valid(ledger, point)
 
@@ -669,3 +674,10 @@ def test_a_ledger_whose_arms_are_some_of_the_open_engines_shares_them_and_closes
     assert session.arms_for(plain) is not shared and session.arms_for(plain)["baseline"] is again["baseline"]
     session.close()
     assert not any(arm.alive for arm in started)
+
+
+def test_progress_names_the_host_speed_and_visible_steal_only():
+    assert procedure._host_note({}) == ""
+    assert procedure._host_note({"host_slice_ms": 21.96, "cpu_steal_share": 0.001}) == ", host slice 22.0 ms"
+    assert procedure._host_note({"host_slice_ms": 12.0, "cpu_steal_share": 0.031}) == (
+        ", host slice 12.0 ms, CPU steal 3.1%")

@@ -145,6 +145,7 @@ def test_a_window_streams_token_times_and_times_its_requests_inside_the_engine()
         assert times["end_to_end"] <= res["request_latency_median_s"] * 1.5  # the client saw what the engine did
         # the machine's CPU time during the window (Linux reports steal): the engine's own work shows as busy
         assert 0 <= res["cpu_steal_share"] < 1 and 0 < res["cpu_busy_share"] <= 1, res
+        assert 0.5 < res["host_slice_ms"] < 500 and abs(res["opened_unix_s"] - time.time()) < 3600, res
     # the same prompts at T=0 give the same tokens in both windows (what the lossless check relies on)
     assert runs[0]["outputs"]["0"] == runs[1]["outputs"]["0"] and len(runs[0]["outputs"]["0"]) > 0
 

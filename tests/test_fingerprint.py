@@ -27,6 +27,7 @@ from specledger.measure.fingerprint import (
     cpu_snapshot,
     describe_differences,
     differences,
+    host_slice_ms,
     is_busy,
     machine_fingerprint,
     sample_load,
@@ -288,3 +289,26 @@ def test_cpu_shares_of_this_machine():
     shares = cpu_shares(before, cpu_snapshot())
     if sys.platform.startswith("linux"):
         assert shares is not None and shares.busy > 0
+
+
+def test_host_slice_ms_times_the_loop_and_slows_when_the_cpu_is_shared():
+    """The slice is real work on this CPU: a few ms, and slower when other processes take this process's only CPU."""
+    alone = host_slice_ms()
+    assert 0.5 < alone < 500
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    old = os.sched_getaffinity(0)
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    try:
+        for p in spinners:
+            os.sched_setaffinity(p.pid, {cpu})
+        os.sched_setaffinity(0, {cpu})
+        time.sleep(0.2)
+        shared = host_slice_ms(5)
+    finally:
+        os.sched_setaffinity(0, old)
+        for p in spinners:
+            p.kill()
+            p.wait()
+    assert shared > 1.5 * alone, (alone, shared)  # four runnable on one CPU: a quarter of it each

@@ -754,6 +754,8 @@ def test_v2_unknown_field_names_version_2(tmp_path, v3):
          "$.points[0].arms.baseline.window.requests[2]"),
         (lambda d: d["points"][0]["arms"]["baseline"]["window"].update(cpu_steal_share=[0, 0, 0, 1.5, 0]),
          "$.points[0].arms.baseline.window.cpu_steal_share[3]"),
+        (lambda d: d["points"][0]["arms"]["baseline"]["window"].update(host_slice_ms=[12, 12, 0, 12, 12]),
+         "$.points[0].arms.baseline.window.host_slice_ms[2]"),
         (lambda d: d["points"][0]["arms"]["baseline"]["warmup"].update(windows=-1),
          "$.points[0].arms.baseline.warmup.windows"),
         # enums, required and typed fields

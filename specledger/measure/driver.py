@@ -82,6 +82,7 @@ async def steady_window(submit: Submit, *, concurrency: int, window_s: float, fi
                 if len(first_done) == concurrency:
                     everyone_started.set()
 
+    host_before_ms = fingerprint.host_slice_ms()  # before any request is in flight
     t_start = time.perf_counter()
     users = [asyncio.create_task(user(u)) for u in range(concurrency)]
     opener = asyncio.create_task(everyone_started.wait())
@@ -90,6 +91,7 @@ async def steady_window(submit: Submit, *, concurrency: int, window_s: float, fi
         if not opener.done():
             raise RampTimeout(f"not every one of {concurrency} users finished a request within {ramp_timeout_s:.0f} s")
         t_open = time.perf_counter()
+        opened_unix_s = time.time()
         cpu_open = fingerprint.cpu_snapshot()
         await _wait_or_raise(users, None, window_s)
         t_close = time.perf_counter()
@@ -100,8 +102,9 @@ async def steady_window(submit: Submit, *, concurrency: int, window_s: float, fi
         for task in users:
             task.cancel()  # aborts what is still in flight: tokens after the close are not counted
         await asyncio.gather(*users, opener, return_exceptions=True)
+    host_ms = max(host_before_ms, fingerprint.host_slice_ms())  # after: the requests are closed or aborted
     return summarize(traces, t_start=t_start, t_open=t_open, t_close=t_close, concurrency=concurrency,
-                     n_prompts=n_prompts, cpu=cpu)
+                     n_prompts=n_prompts, cpu=cpu, host_slice_ms=host_ms, opened_unix_s=opened_unix_s)
 
 
 class PassTimeout(SpecledgerError, RuntimeError):
@@ -173,9 +176,12 @@ async def _wait_or_raise(users: list[asyncio.Task], opener: asyncio.Task | None,
 
 
 def summarize(traces: Sequence[RequestTrace], *, t_start: float, t_open: float, t_close: float, concurrency: int,
-              n_prompts: int | None = None, cpu: fingerprint.CpuShares | None = None) -> dict[str, Any]:
+              n_prompts: int | None = None, cpu: fingerprint.CpuShares | None = None,
+              host_slice_ms: float | None = None, opened_unix_s: float | None = None) -> dict[str, Any]:
     """The window's figures from the request traces (pure: unit-tested without an engine); `cpu`, where the
-    platform gives it, is how the machine's CPU time went during the window."""
+    platform gives it, is how the machine's CPU time went during the window; `host_slice_ms` the slower of the host
+    speed slices timed before the ramp and after the close; `opened_unix_s` the wall clock at the window's opening,
+    to match it with a machine's telemetry."""
     window_s = t_close - t_open
     tokens = sum(n for tr in traces for t, n in zip(tr.token_times, tr.token_counts, strict=True)
                  if t_open <= t < t_close)
@@ -198,6 +204,8 @@ def summarize(traces: Sequence[RequestTrace], *, t_start: float, t_open: float, 
         "longest_gap_s": longest_gap(traces, t_open, t_close),
         "cpu_steal_share": cpu.steal if cpu else None,
         "cpu_busy_share": cpu.busy if cpu else None,
+        "host_slice_ms": host_slice_ms,
+        "opened_unix_s": opened_unix_s,
         "concurrency": concurrency,
         "window_s": window_s,
         "ramp_s": t_open - t_start,

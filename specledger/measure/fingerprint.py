@@ -237,6 +237,28 @@ def cpu_shares(before: Any, after: Any) -> CpuShares | None:
     return CpuShares(steal=clamp(steal / span), busy=clamp((span - idle - steal) / span))
 
 
+#: Iterations of the host-speed slice: about 12 ms on an idle lent H200 VM, about 22 ms in its slow stretches
+#: (reports/evidence/2026-12-03-h200-host-probe); scripts/gpu-telemetry and scripts/h200-host-probe.py time the
+#: same loop.
+HOST_SLICE_ITERATIONS = 300_000
+
+
+def host_slice_ms(repeats: int = 3) -> float:
+    """Median milliseconds of a fixed pure-Python loop: the host's speed as a serving step's interpreter work feels it.
+
+    Why: a lent VM's CPU ran this loop at two speeds in stretches of seconds with zero steal, and a 1.5B model's
+    serving step is host-bound, so a window's throughput can move with the host while steal shows nothing. Timed
+    around each window (not inside it, where it would take the event loop from the requests)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        x = 0
+        for i in range(HOST_SLICE_ITERATIONS):
+            x += i & 7
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2] * 1e3
+
+
 def is_busy(sample: LoadSample, threshold: float) -> bool:
     return sample.others_cpu_share > threshold
 

@@ -189,10 +189,12 @@ def acceptance_passes(ledger: Ledger, arms: Mapping[str, Any], prompts: list[str
     return out
 
 
-def _steal_note(window: Mapping[str, Any]) -> str:
-    """`, CPU steal 3.1%` for a progress line when the hypervisor took a visible share of the window (>= 0.5%)."""
-    steal = window.get("cpu_steal_share")
-    return f", CPU steal {steal:.1%}" if steal is not None and steal >= 0.005 else ""
+def _host_note(window: Mapping[str, Any]) -> str:
+    """`, host slice 12.4 ms, CPU steal 3.1%` for a progress line: the host's speed around the window, and steal when
+    the hypervisor took a visible share of it (>= 0.5%), so a slow window can be told from a slow host as it runs."""
+    host_ms, steal = window.get("host_slice_ms"), window.get("cpu_steal_share")
+    return ((f", host slice {host_ms:.1f} ms" if host_ms is not None else "")
+            + (f", CPU steal {steal:.1%}" if steal is not None and steal >= 0.005 else ""))
 
 
 def measure_point(ledger: Ledger, arms: Mapping[str, Any], workload: str, temperature: float,
@@ -237,7 +239,7 @@ def measure_point(ledger: Ledger, arms: Mapping[str, Any], workload: str, temper
                 * (planned * len(names) - sum(map(len, runs.values())))
             progress(f"{workload} T={temperature:g} c={concurrency} repeat {r + 1}/{planned} {name}: "
                      f"{res['output_tokens_per_s']:.1f} tok/s in a {res['window_s']:.1f} s window "
-                     f"({res['requests']} requests, {res['rounds'] or 0:.1f} rounds{_steal_note(res)}); "
+                     f"({res['requests']} requests, {res['rounds'] or 0:.1f} rounds{_host_note(res)}); "
                      f"point ETA {eta:.0f} s")
 
     for r in range(min_repeats):
@@ -340,9 +342,10 @@ def build_point(ledger: Ledger, workload: str, temperature: float, concurrency: 
                        "requests": [int(x["requests"]) for x in rs],
                        "rounds": [round(float(x["rounds"] or 0.0), 2) for x in rs]},
         }
-        for key in ("longest_gap_s", "cpu_steal_share", "cpu_busy_share"):
+        for key, digits in (("longest_gap_s", 4), ("cpu_steal_share", 4), ("cpu_busy_share", 4),
+                            ("host_slice_ms", 3), ("opened_unix_s", 2)):
             if all(x.get(key) is not None for x in rs):
-                result["window"][key] = [round(float(x[key]), 4) for x in rs]
+                result["window"][key] = [round(float(x[key]), digits) for x in rs]
         if warmups and name in warmups:
             result["warmup"] = {k: v for k, v in warmups[name].items() if k != "request_latency_s"}
         latency = latency_figures(rs)
