@@ -106,6 +106,11 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     wanted = parse_point_selection(args.points)
     win = pd.concat([windows(lab, Path(p), wanted) for lab, p in (spec.split("=", 1) for spec in args.ledgers)])
+    unclocked = win["opened_unix_s"].isna()
+    if unclocked.any():  # points this run left as they were (recorded before windows kept their clock)
+        print(f"left out {int(unclocked.sum())} windows without window.opened_unix_s:",
+              ", ".join(sorted(set(win.loc[unclocked, "run"] + " " + win.loc[unclocked, "point"]))))
+        win = win[~unclocked]
     speed = pd.concat([telemetry(lab, Path(d)) for lab, d in (t.split("=", 1) for t in args.telemetry)]) \
         if args.telemetry else None
     if speed is not None:
