@@ -15,7 +15,7 @@ import time
 
 import psutil
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from specledger.measure.fingerprint import (
@@ -28,6 +28,8 @@ from specledger.measure.fingerprint import (
     describe_differences,
     differences,
     host_slice_ms,
+    host_state,
+    host_state_difference,
     is_busy,
     machine_fingerprint,
     sample_load,
@@ -312,3 +314,41 @@ def test_host_slice_ms_times_the_loop_and_slows_when_the_cpu_is_shared():
             p.kill()
             p.wait()
     assert shared > 1.5 * alone, (alone, shared)  # four runnable on one CPU: a quarter of it each
+
+
+H200 = {"accelerator": "NVIDIA H200"}
+
+
+@pytest.mark.parametrize(("recorded", "current", "refused"), [
+    ({"host_loop_ms": 10.5}, {**H200, "host_loop_ms": 18.9}, True),   # the two classes of one lent VM shape
+    ({"host_loop_ms": 18.9}, {**H200, "host_loop_ms": 10.5}, True),   # either way round
+    ({"host_loop_ms": 10.5}, {**H200, "host_loop_ms": 13.1}, False),  # 1.248x: inside the tolerance
+    ({}, {**H200, "host_loop_ms": 18.9}, False),                      # recorded before host state was kept
+    (None, {**H200, "host_loop_ms": 18.9}, False),
+    ({"host_loop_ms": 10.5}, H200, False),                            # a platform that cannot pin a thread
+    ({"host_loop_ms": 10.5}, {"accelerator": "cpu", "host_loop_ms": 25.0}, False),  # CPU engine: its own load
+])
+def test_host_state_difference_refuses_only_a_known_and_distant_host_state(recorded, current, refused):
+    why = host_state_difference(recorded, current)
+    assert (why is not None) == refused
+    if refused:
+        assert "host_loop_ms" in why and "recorded" in why
+
+
+@given(st.floats(1.0, 100.0), st.floats(0.5, 2.0))
+def test_host_state_difference_is_symmetric_in_ratio(base, ratio):
+    assume(min(abs(ratio - 1.25), abs(ratio - 0.8)) > 1e-6)  # at the bound itself float rounding may pick a side
+    assert (host_state_difference({"host_loop_ms": base}, {**H200, "host_loop_ms": base * ratio}) is None) == (
+        host_state_difference({"host_loop_ms": base * ratio}, {**H200, "host_loop_ms": base}) is None)
+
+
+def test_host_state_times_every_allowed_cpu_and_leaves_the_affinity_as_it_was():
+    if not hasattr(os, "sched_setaffinity"):
+        assert host_state() == {}
+        return
+    before = os.sched_getaffinity(0)
+    state = host_state(repeats=1)
+    assert os.sched_getaffinity(0) == before
+    assert set(state["host_loop_ms_by_cpu"]) == {str(c) for c in before}
+    assert min(state["host_loop_ms_by_cpu"].values()) <= state["host_loop_ms"] <= max(
+        state["host_loop_ms_by_cpu"].values())

@@ -756,6 +756,8 @@ def test_v2_unknown_field_names_version_2(tmp_path, v3):
          "$.points[0].arms.baseline.window.cpu_steal_share[3]"),
         (lambda d: d["points"][0]["arms"]["baseline"]["window"].update(host_slice_ms=[12, 12, 0, 12, 12]),
          "$.points[0].arms.baseline.window.host_slice_ms[2]"),
+        (lambda d: d["provenance"]["machine"].update(host_loop_ms_by_cpu={"0": 10.5, "1": -1}),
+         "$.provenance.machine.host_loop_ms_by_cpu['1']"),
         (lambda d: d["points"][0]["arms"]["baseline"]["warmup"].update(windows=-1),
          "$.points[0].arms.baseline.warmup.windows"),
         # enums, required and typed fields

@@ -259,6 +259,52 @@ def host_slice_ms(repeats: int = 3) -> float:
     return sorted(times)[len(times) // 2] * 1e3
 
 
+HOST_STATE_TOLERANCE = 1.25
+"""How far apart (as a ratio) two runs' host loop times may be for their speed figures to be compared. One lent
+H200 VM's vCPUs took 10-11 ms and 17-21 ms for the loop (two classes, 1.8x apart); the same pinned point ran 27%
+slower, its multiplier outside the other host's CI, on the host whose vCPUs were mostly slow
+(reports/evidence/2026-12-03-h200-start-ab). Within one host the median over vCPUs moved by less than that."""
+
+
+def host_state(repeats: int = 3) -> dict[str, Any]:
+    """The host's speed as this run found it: the loop timed on each CPU this process may use, pinned to it in turn
+    (``host_loop_ms_by_cpu``), and their median (``host_loop_ms``). Recorded beside the fingerprint, not in it: two
+    VMs of one shape share every fingerprint key and still run this loop 1.8x apart. Empty where the platform cannot
+    pin a thread (macOS, Windows)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return {}
+    allowed = os.sched_getaffinity(0)
+    by_cpu: dict[str, float] = {}
+    try:
+        for cpu in sorted(allowed):
+            os.sched_setaffinity(0, {cpu})
+            by_cpu[str(cpu)] = round(host_slice_ms(repeats), 2)
+    finally:
+        os.sched_setaffinity(0, allowed)
+    times = sorted(by_cpu.values())
+    return {"host_loop_ms": times[len(times) // 2], "host_loop_ms_by_cpu": by_cpu}
+
+
+def host_state_difference(recorded: Mapping[str, Any] | None, current: Mapping[str, Any]) -> str | None:
+    """Why two runs' host states are too far apart to compare their speed figures (None: close enough, or one of
+    them did not record it, as every ledger before 2026-12-03: nothing known is nothing refused).
+
+    GPU runs only: there the host feeds the accelerator and the loop times it alone. On a CPU engine the loop shares
+    the CPUs with the engine's own threads, so its time is the run's load as much as the host's (a 2-vCPU CI VM timed
+    it at 12 and 25 ms on its two vCPUs while an engine ran), and refusing on it would flip verdicts at random."""
+    if current.get("accelerator") in (None, "cpu"):
+        return None
+    rec, cur = (recorded or {}).get("host_loop_ms"), current.get("host_loop_ms")
+    if not rec or not cur:
+        return None
+    ratio = cur / rec
+    if 1 / HOST_STATE_TOLERANCE <= ratio <= HOST_STATE_TOLERANCE:
+        return None
+    return (f"host_loop_ms {cur:.1f} here vs {rec:.1f} recorded ({ratio:.2f}x, beyond {HOST_STATE_TOLERANCE}x): the "
+            "host's CPUs ran a fixed Python loop at another speed, which moves throughput and multipliers on a "
+            "host-bound engine")
+
+
 def is_busy(sample: LoadSample, threshold: float) -> bool:
     return sample.others_cpu_share > threshold
 

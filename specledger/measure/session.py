@@ -197,8 +197,11 @@ class SuiteSession:
         if ledger.id not in self._machines:
             infos = self._infos.get(ledger.id) or {}
             info = next(iter(infos.values()), None)
-            self._machines[ledger.id] = None if self.http is not None or not info else fingerprint.machine_fingerprint(
+            machine = None if self.http is not None or not info else fingerprint.machine_fingerprint(
                 accelerator=info.get("accelerator"), engine=info.get("engine"), torch_version=info.get("torch_version"))
+            if machine is not None:  # the engines are up and idle: the host's speed as the measurement will find it
+                machine.update(fingerprint.host_state())
+            self._machines[ledger.id] = machine
         return self._machines[ledger.id]
 
     def not_comparable(self, ledger: Ledger, key: tuple[str, float, int] | None = None) -> str | None:
@@ -213,7 +216,10 @@ class SuiteSession:
         run = procedure.run_of_point(prov, point_label(key)) if key is not None else None
         recorded = (run or prov).get("machine")
         diff = fingerprint.differences(recorded, current)
-        return f"another machine: {fingerprint.describe_differences(diff, recorded, current)}" if diff else None
+        if diff:
+            return f"another machine: {fingerprint.describe_differences(diff, recorded, current)}"
+        host = fingerprint.host_state_difference(recorded, current)
+        return f"another host state: {host}" if host else None
 
     def _more_rule(self, ledger: Ledger, key: tuple[str, float, int]) -> procedure.MoreRule | None:
         """When a point gets more repeats: an inconclusive verdict (verify), or a CI wider than half the band
