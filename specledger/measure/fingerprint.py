@@ -263,7 +263,8 @@ HOST_STATE_TOLERANCE = 1.25
 """How far apart (as a ratio) two runs' host loop times may be for their speed figures to be compared. One lent
 H200 VM's vCPUs took 10-11 ms and 17-21 ms for the loop (two classes, 1.8x apart); the same pinned point ran 27%
 slower, its multiplier outside the other host's CI, on the host whose vCPUs were mostly slow
-(reports/evidence/2026-12-03-h200-start-ab). Within one host the median over vCPUs moved by less than that."""
+(reports/evidence/2026-12-03-h200-start-ab). On that host the median over vCPUs was 17.73 and 16.92 ms in two
+passes (5% apart), though six of its 16 vCPUs changed class between them."""
 
 
 def host_state(repeats: int = 3) -> dict[str, Any]:
