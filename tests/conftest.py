@@ -5,15 +5,13 @@ from __future__ import annotations
 import importlib.util
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from repo_paths import CPU_LEDGER
 
 from specledger import plugin
 from specledger.ledger import load_ledger
 from specledger.measure.http import endpoints, servers
-
-CPU_LEDGER = Path(__file__).resolve().parents[1] / "ledgers" / "cpu-smollm2.json"
 
 
 class ServerURLs(dict[str, str]):

@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from repo_paths import ROOT, SMALL
 
 from specledger import stats
 from specledger.analysis.audit import Finding, at_least, audit_ledger, audit_paths
 from specledger.ledger import Ledger, load_ledger, parse_ledger
 from specledger.ledger.figures import decimals_of, ratio_interval, rounds_to
 
-ROOT = Path(__file__).resolve().parents[1]
-SMALL = Path(__file__).parent / "data" / "measured-small.json"
 REFERENCE = sorted((ROOT / "ledgers").glob("reference-*.json"))
 EAGLE = "$.points[0].arms.eagle"
 

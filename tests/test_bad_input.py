@@ -13,14 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+from repo_paths import DATA, ROOT, SMALL
 
 from specledger.cli import main
 from specledger.ledger.safe_read import MAX_INPUT_BYTES, MAX_JSON_DEPTH
 
-DATA = Path(__file__).parent / "data"
-SMALL = DATA / "measured-small.json"
 BENCH = DATA / "bench"
-ROOT = Path(__file__).resolve().parents[1]
 #: A claim that holds against SMALL (id test-small), so a report's verdict shows its ledgers still load.
 HOLDS = "eagle is 1.8x <!-- claim: test-small eagle copy T=0 c=1 multiplier = 1.8 -->\n"
 

@@ -26,14 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from repo_paths import DATA as TEST_DATA
+from repo_paths import ROOT
 
 from specledger.cli import main
 from specledger.importers.vllm_bench import IMPORT_PREFIX, BenchImportError, import_bench
 from specledger.ledger import load_ledger, write_ledger
 from specledger.measure.http import servers
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(__file__).parent / "data" / "bench"
+DATA = TEST_DATA / "bench"
 DATA_FILES = [DATA / f"{label}-c{c}.json" for label in ("baseline", "ngram") for c in (1, 2)]
 DATASET = "fixtures/workloads/copy.jsonl"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from repo_paths import ROOT, SMALL
 
 from specledger.analysis.claims import (
     METRICS,
@@ -26,8 +27,6 @@ from specledger.analysis.claims import (
 )
 from specledger.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
-SMALL = Path(__file__).parent / "data" / "measured-small.json"
 REFERENCES = ("reference-b200-nvfp4-gptq", "reference-b200-workloads", "reference-b200-fp8kv", "reference-b200-int4")
 
 

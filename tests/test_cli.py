@@ -9,12 +9,11 @@ import types
 from pathlib import Path
 
 import pytest
+from repo_paths import ROOT, SMALL
 
 from specledger import cli
 from specledger.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
-SMALL = Path(__file__).parent / "data" / "measured-small.json"
 REFERENCE = sorted((ROOT / "ledgers").glob("reference-*.json"))
 
 

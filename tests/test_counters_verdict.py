@@ -9,14 +9,13 @@ from pathlib import Path
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from repo_paths import ROOT
 
 from specledger.analysis import verdict
 from specledger.ledger import Ledger, dump_ledger, load_ledger, parse_ledger, selection
 from specledger.ledger.model import DEFAULT_PROTOCOL
 from specledger.measure import counters, driver, fingerprint, procedure
 from specledger.render import tables
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_delta_subtracts_per_counter_and_position():

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from repo_paths import ROOT
 
 from specledger import stats
 from specledger.ledger import load_ledger
@@ -22,7 +23,6 @@ from specledger.measure import crosscheck
 from specledger.measure.http import servers
 from specledger.stats import Estimate
 
-ROOT = Path(__file__).resolve().parents[1]
 LEDGER = ROOT / "ledgers" / "cpu-smollm2.json"
 BENCH = Path(__file__).parent / "data" / "bench"
 

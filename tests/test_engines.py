@@ -6,16 +6,15 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
+from repo_paths import ROOT
 
 from specledger.measure import engines, procedure
 from specledger.measure.http import servers
 
 pytestmark = pytest.mark.engine
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_a_bad_model_fails_the_start_with_the_workers_traceback(tmp_path):

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import copy
 import statistics
-from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from repo_paths import ROOT
 
 from specledger.ledger import figures, load_ledger
 
-ROOT = Path(__file__).resolve().parents[1]
 V3 = load_ledger(ROOT / "ledgers" / "h200-smollm2-copy.json")
 BURST = load_ledger(ROOT / "tests" / "data" / "h200-smollm2-copy-burst.json")
 

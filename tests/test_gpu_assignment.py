@@ -16,11 +16,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from repo_paths import ROOT
 
 from specledger import gpu_assignment, xdist_support
 from specledger.gpu_assignment import AssignmentError, assignment, gpus_needed, worker_index
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize(("worker_id", "index"), [("gw0", 0), ("gw3", 3), ("gw12", 12), ("master", None),

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from repo_paths import ROOT
 
 from specledger import plugin
 from specledger.cli import main
@@ -32,7 +33,6 @@ from specledger.measure.http import endpoints, server_metrics, servers
 from specledger.measure.http.server_metrics import EndpointError
 from specledger.stats import Estimate
 
-ROOT = Path(__file__).resolve().parents[1]
 LEDGER = ROOT / "ledgers" / "cpu-smollm2.json"
 METRICS = Path(__file__).parent / "data" / "metrics" / "ngram-after-copy.txt"
 #: The points the CI verifies over HTTP: one per workload, at the higher concurrency (the cheaper

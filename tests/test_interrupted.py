@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from repo_paths import ROOT
 
 from specledger.ledger import load_ledger
 from specledger.ledger.io import stale_temporaries
@@ -26,7 +27,6 @@ from specledger.ledger.migrate import replan_data
 
 pytestmark = pytest.mark.engine
 
-ROOT = Path(__file__).resolve().parent.parent
 POINT = "copy:0:1"
 #: A cheap protocol: the point only has to run long enough to be killed in the middle.
 QUICK = {"window": {"min_s": 2.0, "min_rounds": 1}, "warmup": {"max_windows": 1, "agree_rel": 1.0},

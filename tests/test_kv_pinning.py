@@ -7,15 +7,13 @@ tests/test_engines.py (CPU engine) and reports/evidence/2026-12-02-h200-kv-pinne
 import json
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from repo_paths import ROOT
 
 from specledger.ledger import parse_ledger
 from specledger.measure import engines
 from specledger.measure.session import SuiteSession, recorded_kv_blocks
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _specs() -> list[engines.ArmSpec]:

@@ -8,14 +8,14 @@ import re
 from pathlib import Path
 
 import pytest
+from repo_paths import ROOT
+from repo_paths import SMALL as SMALL_PATH
 
 from specledger.cli import main
 from specledger.ledger import load_ledger, parse_ledger
 from specledger.ledger.model import DEFAULT_PROTOCOL
 from specledger.render.markdown import effective_config_differences, markdown_table, write_report
 
-ROOT = Path(__file__).resolve().parents[1]
-SMALL_PATH = Path(__file__).parent / "data" / "measured-small.json"
 H200 = load_ledger(ROOT / "tests" / "data" / "h200-smollm2.json")
 INT4 = load_ledger(ROOT / "ledgers" / "reference-b200-int4.json")
 IMAGE = re.compile(r"!\[[^\]]*\]\(([^)]+)\)")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from repo_paths import ROOT, SMALL
 
 import specledger.ledger as ledger_package
 from specledger.cli import main
@@ -14,9 +15,7 @@ from specledger.ledger import LedgerError, dump_ledger, load_ledger, parse_ledge
 from specledger.ledger.migrate import migrate_data, migrate_file, replan_data
 from specledger.ledger.model import DEFAULT_PROTOCOL, has_figures
 
-ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = sorted([*(ROOT / "ledgers").glob("*.json"), *(ROOT / "tests" / "data").glob("*.json")])
-SMALL = ROOT / "tests" / "data" / "measured-small.json"
 
 
 def as_v1(text: str) -> str:

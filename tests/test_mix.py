@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from repo_paths import ROOT
 
 from specledger.analysis import theory
 from specledger.analysis.mix import (
@@ -22,7 +22,6 @@ from specledger.analysis.mix import (
 from specledger.cli import main
 from specledger.ledger import Ledger, load_ledger, parse_ledger
 
-ROOT = Path(__file__).resolve().parents[1]
 H200_PATH = ROOT / "tests" / "data" / "h200-smollm2.json"
 H200 = load_ledger(H200_PATH)
 WORKLOADS_PATH = ROOT / "ledgers" / "reference-b200-workloads.json"

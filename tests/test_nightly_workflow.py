@@ -4,14 +4,12 @@ The file is read as YAML, as GitHub reads it: an unquoted step name holding ': '
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import yaml
+from repo_paths import ROOT
 
 from specledger.gpu_assignment import gpus_needed
 from specledger.ledger import load_ledger
 
-ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW = yaml.safe_load((ROOT / ".github" / "workflows" / "gpu-nightly.yml").read_text())
 GROUPS = WORKFLOW["jobs"]["verify"]["strategy"]["matrix"]["include"]
 GPU_LEDGERS = {f"ledgers/{p.name}": load_ledger(p) for p in sorted((ROOT / "ledgers").glob("*.json"))}

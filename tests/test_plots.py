@@ -9,6 +9,8 @@ import matplotlib.image
 import pytest
 from matplotlib.collections import LineCollection, PathCollection
 from matplotlib.figure import Figure
+from repo_paths import ROOT
+from repo_paths import SMALL as SMALL_PATH
 
 from specledger.analysis import theory
 from specledger.cli import main
@@ -21,8 +23,6 @@ from specledger.render.plots import (
     write_plots,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
-SMALL_PATH = Path(__file__).parent / "data" / "measured-small.json"
 SMALL = load_ledger(SMALL_PATH)
 H200 = load_ledger(ROOT / "tests" / "data" / "h200-smollm2.json")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specledger.ledger.migrate import replan_data
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+from specledger.ledger.migrate import replan_data
 
 
 def test_skipped_points_leave_pytest_benchmark_json_intact(tmp_path: Path) -> None:

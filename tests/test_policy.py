@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from repo_paths import ROOT
 
 from specledger.analysis.policy import (
     Throughput,
@@ -24,7 +25,6 @@ from specledger.analysis.schedule_support import schedule_support
 from specledger.cli import main
 from specledger.ledger import load_ledger, parse_ledger
 
-ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "tests" / "data" / "h200-smollm2.json"
 NGRAM = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from repo_paths import ROOT
 
 from specledger.ledger import load_ledger
 from specledger.ledger.migrate import replan_data
@@ -24,7 +25,6 @@ from specledger.plugin import say
 
 pytestmark = pytest.mark.engine
 
-ROOT = Path(__file__).resolve().parent.parent
 POINT = "copy:0:1"
 PASS_PROMPTS = 16
 MAX_TOKENS = 16

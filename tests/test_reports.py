@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
+
+from repo_paths import ROOT
 
 from specledger.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
 REPORTS = sorted((ROOT / "reports").glob("*.md"))
 SUMMARY = re.compile(r"^(\d+) claims: (\d+) hold, (\d+) fail, (\d+) unresolved; (\d+) unaudited numbers$")
 

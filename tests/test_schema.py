@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from jsonschema import Draft202012Validator
+from repo_paths import SMALL
 
 from specledger.ledger import (
     Ledger,
@@ -32,8 +33,6 @@ from specledger.ledger.model import (
 )
 from specledger.ledger.validate import SCHEMA_PATH, SCHEMA_PATHS, load_schema
 
-DATA = Path(__file__).parent / "data"
-SMALL = DATA / "measured-small.json"
 BASELINE_MEDIAN = "$.points[0].arms.baseline.output_tokens_per_s.median"
 
 

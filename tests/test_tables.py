@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from repo_paths import ROOT
+from repo_paths import SMALL as SMALL_PATH
 
 from specledger.ledger import load_ledger, parse_ledger
 from specledger.render.tables import CRITICAL_COLUMNS, POINTS_COLUMNS, critical_table, format_table, points_table
 
-ROOT = Path(__file__).resolve().parents[1]
-SMALL = load_ledger(Path(__file__).parent / "data" / "measured-small.json")
+SMALL = load_ledger(SMALL_PATH)
 REFERENCE = [load_ledger(p) for p in sorted((ROOT / "ledgers").glob("reference-*.json"))]
 
 

@@ -9,13 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+from repo_paths import CPU_LEDGER, ROOT
 
 from specledger.cli import main
 from specledger.ledger import iter_ledger_paths, load_ledger, trust
 from specledger.measure import engines
-
-ROOT = Path(__file__).resolve().parents[1]
-CPU_LEDGER = ROOT / "ledgers" / "cpu-smollm2.json"
 
 
 def _hostile(tmp_path: Path) -> Path:
