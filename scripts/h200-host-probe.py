@@ -9,6 +9,8 @@ moment. Writes $OUT/host-probe.json and prints a summary.
 
     python3 scripts/h200-host-probe.py [SECONDS]                 on the GPU machine
     python3 scripts/h200-host-probe.py --plot PROBE.json OUT.png    here: the slices over time
+    python3 scripts/h200-host-probe.py --vcpu-map OUT.png LABEL=PROBE.json|LEDGER.json ...
+                                                                  here: each vCPU's loop time, moment by moment
 """
 
 from __future__ import annotations
@@ -78,9 +80,51 @@ def plot(probe_path: str, png_path: str) -> None:
     fig.savefig(png_path, dpi=110)
 
 
+def vcpu_columns(label: str, path: str) -> list[tuple[str, dict[str, float]]]:
+    """Per-vCPU loop times (ms) at each moment a file saw them: a probe's two passes, or the host state a ledger's
+    latest run recorded (``provenance.machine.host_loop_ms_by_cpu``, only the vCPUs that run was allowed)."""
+    with open(path) as f:
+        data = json.load(f)
+    if "summary" in data:
+        per_cpu = data["summary"]["per_cpu_python_ms"]
+        return [(f"{label} pass {i + 1}", {c: v[i] for c, v in per_cpu.items()}) for i in range(2)]
+    by_cpu = ((data.get("provenance") or {}).get("machine") or {}).get("host_loop_ms_by_cpu")
+    if not by_cpu:
+        raise SystemExit(f"{path}: neither a probe (summary.per_cpu_python_ms) nor a ledger with "
+                         "provenance.machine.host_loop_ms_by_cpu")
+    return [(label, by_cpu)]
+
+
+def vcpu_map(png_path: str, sources: list[str]) -> None:
+    """One column a moment, one row a vCPU, coloured by the loop's time: does a vCPU keep its speed?"""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    columns = [col for src in sources for col in vcpu_columns(*src.split("=", 1))]
+    cpus = sorted({c for _, times in columns for c in times}, key=int)
+    grid = np.array([[times.get(c, np.nan) for _, times in columns] for c in cpus], dtype=float)
+    fig, ax = plt.subplots(figsize=(1.1 * len(columns) + 2.5, 0.32 * len(cpus) + 1.8))
+    image = ax.imshow(grid, aspect="auto", cmap="RdYlGn_r", vmin=np.nanmin(grid), vmax=np.nanmax(grid))
+    for (row, col), ms in np.ndenumerate(grid):
+        if not np.isnan(ms):
+            ax.text(col, row, f"{ms:.1f}", ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(len(columns)), [label for label, _ in columns], rotation=30, ha="right", fontsize=8)
+    ax.set_yticks(range(len(cpus)), [f"vCPU {c}" for c in cpus], fontsize=8)
+    fig.colorbar(image, ax=ax, label="pure-Python loop (ms), pinned to the vCPU")
+    ax.set_title("each vCPU's speed at each moment (blank: not allowed in that run)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+
+
 def main() -> int:
     if sys.argv[1:2] == ["--plot"]:
         plot(sys.argv[2], sys.argv[3])
+        return 0
+    if sys.argv[1:2] == ["--vcpu-map"]:
+        vcpu_map(sys.argv[2], sys.argv[3:])
         return 0
     import torch
 
