@@ -269,6 +269,9 @@ def check_point(session: Any, point: LedgerPoint, item: pytest.Item | None = Non
         return
     result = verdict.compare_point(point.ledger, point.arm, committed, measured.point,
                                    not_comparable=session.not_comparable(point.ledger, point.key))
+    host = session.host_note(point.ledger, point.key)
+    if host is not None:
+        result.notes.append(host)
     session.results.append((point.test_id, result))
     if item is not None:
         item.stash[_OUTCOME_KEY] = result.outcome

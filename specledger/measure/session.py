@@ -212,14 +212,21 @@ class SuiteSession:
         current = self.machine(ledger)
         if current is None:
             return None
+        recorded = self._recorded_machine(ledger, key)
+        diff = fingerprint.differences(recorded, current)
+        return f"another machine: {fingerprint.describe_differences(diff, recorded, current)}" if diff else None
+
+    def host_note(self, ledger: Ledger, key: tuple[str, float, int] | None = None) -> str | None:
+        """The host's speed here beside the recording run's, for the verdict's notes (None: not known for both)."""
+        current = self.machine(ledger)
+        return None if current is None else fingerprint.host_state_note(self._recorded_machine(ledger, key), current)
+
+    @staticmethod
+    def _recorded_machine(ledger: Ledger, key: tuple[str, float, int] | None) -> dict[str, Any] | None:
+        """The machine of the run that recorded point ``key`` (the ledger's latest without a key or without runs)."""
         prov = ledger.data.get("provenance") or {}
         run = procedure.run_of_point(prov, point_label(key)) if key is not None else None
-        recorded = (run or prov).get("machine")
-        diff = fingerprint.differences(recorded, current)
-        if diff:
-            return f"another machine: {fingerprint.describe_differences(diff, recorded, current)}"
-        host = fingerprint.host_state_difference(recorded, current)
-        return f"another host state: {host}" if host else None
+        return (run or prov).get("machine")
 
     def _more_rule(self, ledger: Ledger, key: tuple[str, float, int]) -> procedure.MoreRule | None:
         """When a point gets more repeats: an inconclusive verdict (verify), or a CI wider than half the band
