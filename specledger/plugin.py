@@ -70,6 +70,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="pinned: every arm's KV cache gets the block count its ledger recorded, and the arms "
                          "start at once (a ledger extended or verified on the machine kind that recorded it); "
                          "default: vLLM sizes each arm's KV cache, one arm after another")
+    group.addoption("--ledger-starts", default=1, type=int, metavar="N",
+                    help="start each ledger's engines N times and measure every selected point in each start "
+                         "(a share of the repeats each, the points' order rotated): a point's interval is then "
+                         "taken over the starts, as the host's state moves between starts (default: 1)")
     group.addoption("--ledger-http", action="store_true", default=False,
                     help="verify over HTTP: start one OpenAI-compatible vLLM server per arm, with flags derived "
                          "from the ledger arm, and measure through streaming completions and /metrics")
@@ -196,8 +200,15 @@ def specledger(request: pytest.FixtureRequest) -> Iterator[Any]:
                            budget_s=config.getoption("--ledger-budget-s"),
                            trusted=bool(config.getoption("--ledger-trust")),
                            full_protocol=bool(config.getoption("--ledger-full-protocol")),
-                           kv_sizing=str(config.getoption("--ledger-kv-sizing")))
+                           kv_sizing=str(config.getoption("--ledger-kv-sizing")),
+                           starts=int(config.getoption("--ledger-starts")))
     config.stash[_SESSION_KEY] = session
+    if session.starts > 1:  # every start measures every point this session will run
+        for item in request.session.items:
+            if _is_ledger_point(item):
+                point = item.callspec.params["ledger_point"]
+                if not selection.skip_reason(session, point):
+                    session.plan(point.ledger, point.key)
     try:
         yield session
     finally:

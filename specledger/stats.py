@@ -36,7 +36,8 @@ import numpy as np
 from scipy import stats
 
 __all__ = ["Estimate", "Verdict", "mean_estimate", "multiplier", "multiplier_change", "multiplier_estimate",
-           "predicted_change_half_width", "resolvable", "throughput_change", "verdict"]
+           "predicted_change_half_width", "replicated_change", "replicated_estimate", "resolvable",
+           "start_means", "start_multipliers", "throughput_change", "verdict"]
 
 Values = Sequence[float] | np.ndarray
 #: scipy >= 1.15 takes the generator as `rng` (SPEC 7); older ones only as `random_state`.
@@ -197,6 +198,77 @@ def throughput_change(
                       confidence=confidence, n_resamples=n_resamples, seed=seed)
 
 
+# -- across engine starts: independent replications -----------------------------------------
+#
+# Why: a point's windows from one engine start share that start's host state. On a lent H200 VM the same point,
+# recorded in four starts 12 minutes apart, gave ngram multipliers whose window-bootstrap CIs did not overlap
+# (1.326..1.490 and 1.048..1.250, reports/evidence/2026-12-03-h200-affinity-ab): resampling windows treats the start
+# as if it were the population. Each start is one replication (asv runs every benchmark in several processes for
+# the same reason); its windows give one figure, and the interval is Student's t over the starts' logs, the
+# textbook method of independent replications. With few starts it is wide, and that width is the truth: the
+# between-start spread is what a verification on another day will meet.
+
+
+#: Per-start logs this close are one figure: the t interval is zero-width, and scipy's moments would lose precision.
+_SAME_LOG = 1e-9
+
+
+def _by_start(name: str, values: Values, starts: Sequence[int]) -> dict[int, np.ndarray]:
+    x = np.asarray(values, dtype=float)
+    if x.ndim != 1 or len(starts) != x.size:
+        raise ValueError(f"{name}: one start index per repeat, got {len(starts)} for {x.size} repeats")
+    return {int(s): x[np.asarray(starts) == s] for s in dict.fromkeys(int(s) for s in starts)}
+
+
+def start_multipliers(spec: Values, base: Values, starts: Sequence[int]) -> list[float]:
+    """The multiplier of each engine start (ratio of means of its paired windows), in start order."""
+    s, b = _by_start("spec", spec, starts), _by_start("base", base, starts)
+    return [multiplier(s[k], b[k]) for k in s]
+
+
+def start_means(values: Values, starts: Sequence[int]) -> list[float]:
+    """Each engine start's mean throughput, in start order."""
+    return [float(v.mean()) for v in _by_start("values", values, starts).values()]
+
+
+def _logs(name: str, figures: Sequence[float]) -> np.ndarray:
+    x = np.asarray(figures, dtype=float)
+    if not np.all(np.isfinite(x)) or not np.all(x > 0):
+        raise ValueError(f"{name}: per-start figures must be positive and finite, got {x.tolist()}")
+    return np.log(x)
+
+
+def replicated_estimate(per_start: Sequence[float], *, confidence: float = 0.95) -> Estimate:
+    """Geometric mean of per-start figures (multipliers or tokens/s) with a t interval over the starts."""
+    logs = _logs("per-start figures", per_start)
+    if logs.size < 2:
+        raise ValueError(f"an interval over engine starts needs at least 2 starts, got {logs.size}")
+    value = float(np.exp(logs.mean()))
+    if np.ptp(logs) <= _SAME_LOG:
+        return Estimate(value, value, value, int(logs.size), confidence)
+    low, high = stats.ttest_1samp(logs, 0.0).confidence_interval(confidence)
+    return Estimate(value, float(np.exp(low)), float(np.exp(high)), int(logs.size), confidence)
+
+
+def replicated_change(fresh_per_start: Sequence[float], committed_per_start: Sequence[float], *,
+                      confidence: float = 0.95) -> Estimate:
+    """fresh / committed - 1 of per-start figures, as a ratio of geometric means, with a pooled-variance t interval.
+
+    Pooled: both sides are starts of one procedure on one machine type, so one variance serves both, and a single
+    fresh start (a nightly run) is compared with the committed starts as a new replication: its interval is the
+    committed spread times sqrt(1 + 1/n), with n - 1 degrees of freedom. `n` of the result is the fresh starts."""
+    f, c = _logs("fresh per-start figures", fresh_per_start), _logs("committed per-start figures",
+                                                                     committed_per_start)
+    if f.size < 1 or c.size < 1 or f.size + c.size < 3:
+        raise ValueError(f"a change across engine starts needs 3 starts in all, got {f.size} fresh and {c.size} "
+                         "committed")
+    value = float(np.exp(f.mean() - c.mean()) - 1)
+    if np.ptp(np.concatenate([f - f.mean(), c - c.mean()])) <= _SAME_LOG:
+        return Estimate(value, value, value, int(f.size), confidence)
+    low, high = stats.ttest_ind(f, c, equal_var=True).confidence_interval(confidence)
+    return Estimate(value, float(np.exp(low) - 1), float(np.exp(high) - 1), int(f.size), confidence)
+
+
 # -- verdicts --------------------------------------------------------------------------------
 
 Outcome = Literal["holds", "changed", "inconclusive"]
@@ -220,6 +292,7 @@ class Verdict:
     tolerance: float
     direction: Direction
     repeats_needed: int | None
+    unit: str = "repeats"  # what repeats_needed counts: windows of one start, or "engine starts"
 
     def line(self) -> str:
         """One line for a person: the outcome, the change with its interval, against the tolerance."""
@@ -229,14 +302,14 @@ class Verdict:
             return f"holds: {figures} within {_tol(self.tolerance)}"
         if self.outcome == "changed":
             return f"changed ({self.direction}): {figures} outside {_tol(self.tolerance)}"
-        settle = (f"about {self.repeats_needed} fresh repeats would settle it" if self.repeats_needed is not None
-                  else "more fresh repeats cannot settle it (the change sits at the tolerance, or the "
+        settle = (f"about {self.repeats_needed} fresh {self.unit} would settle it" if self.repeats_needed is not None
+                  else f"more fresh {self.unit} cannot settle it (the change sits at the tolerance, or the "
                   "committed interval alone is wider than the room left)")
         return f"inconclusive: {figures} straddles {_tol(self.tolerance)}; {settle}"
 
 
 def verdict(change: Estimate, tolerance: float, *, n_fresh: int,
-            committed_half_width_rel: float | None = None) -> Verdict:
+            committed_half_width_rel: float | None = None, unit: str = "repeats") -> Verdict:
     """Classify a change (e.g. multiplier_change) against ±tolerance, Criterion.rs-style.
 
     For an inconclusive change, `repeats_needed` is the fresh repeats whose interval would settle
@@ -254,11 +327,11 @@ def verdict(change: Estimate, tolerance: float, *, n_fresh: int,
     if n_fresh < 1:
         raise ValueError(f"n_fresh must be >= 1, got {n_fresh!r}")
     if change.low >= -tolerance and change.high <= tolerance:
-        return Verdict("holds", change, tolerance, None, None)
+        return Verdict("holds", change, tolerance, None, None, unit)
     if change.high < -tolerance:
-        return Verdict("changed", change, tolerance, "down", None)
+        return Verdict("changed", change, tolerance, "down", None, unit)
     if change.low > tolerance:
-        return Verdict("changed", change, tolerance, "up", None)
+        return Verdict("changed", change, tolerance, "up", None, unit)
     target_sq, fresh_sq = (tolerance - abs(change.value)) ** 2, change.half_width**2
     if committed_half_width_rel is not None:
         target_sq -= committed_half_width_rel**2
@@ -266,7 +339,7 @@ def verdict(change: Estimate, tolerance: float, *, n_fresh: int,
     needed = None
     if target_sq > 1e-15:  # the 1e-9 absorbs float noise in exact ratios; never fewer than one repeat more
         needed = max(n_fresh + 1, math.ceil(n_fresh * fresh_sq / target_sq - 1e-9))
-    return Verdict("inconclusive", change, tolerance, None, needed)
+    return Verdict("inconclusive", change, tolerance, None, needed, unit)
 
 
 # -- planning: which tolerances the recorded noise can resolve --------------------------------

@@ -2,6 +2,7 @@
 
 import asyncio
 import copy
+import dataclasses
 import functools
 import statistics
 from pathlib import Path
@@ -700,3 +701,185 @@ def test_progress_names_the_host_speed_and_visible_steal_only():
     assert procedure._host_note({"host_slice_ms": 21.96, "cpu_steal_share": 0.001}) == ", host slice 22.0 ms"
     assert procedure._host_note({"host_slice_ms": 12.0, "cpu_steal_share": 0.031}) == (
         ", host slice 12.0 ms, CPU steal 3.1%")
+
+
+# -- engine starts as replications ------------------------------------------------------------------------------
+
+
+def _started_runs(per_start: list[tuple[list[float], list[float]]]) -> dict[str, list[dict]]:
+    """Windows of several engine starts, each (baseline tok/s, spec tok/s) paired window by window."""
+    runs: dict[str, list[dict]] = {"baseline": [], "spec": []}
+    for start, (base, spec) in enumerate(per_start):
+        part = _runs(base, spec)
+        for name in runs:
+            runs[name] += [{**window, "start": start} for window in part[name]]
+    return runs
+
+
+def test_build_point_over_engine_starts_takes_its_interval_over_the_starts():
+    """Three starts whose windows agree within each start (1%) and whose multipliers are 1.3, 1.5 and 1.7: the
+    interval is the starts' spread (t over three), not the windows' (which would be about 1% wide)."""
+    ledger = _ledger_with_arms()
+    workload = ledger.data["workloads"][0]["name"]
+    point = procedure.build_point(ledger, workload, 0.0, 2, _started_runs([
+        ([100, 101], [130, 131.3]), ([200, 202], [300, 303]), ([100, 99], [170, 168.3])]))
+    spec = point["arms"]["spec"]
+    assert spec["window"]["start"] == [0, 0, 1, 1, 2, 2]
+    assert spec["multiplier_by_start"] == [1.3, 1.5, 1.7]
+    assert spec["multiplier"] == pytest.approx(round((1.3 * 1.5 * 1.7) ** (1 / 3), 3))
+    low, high = spec["multiplier_ci95"]
+    assert low < 1.3 and high > 1.7  # t with 2 degrees of freedom: wider than the three starts themselves
+    one_start = procedure.build_point(ledger, workload, 0.0, 2, _runs([100, 101, 200, 202], [130, 131.3, 300, 303]))
+    assert "multiplier_by_start" not in one_start["arms"]["spec"] and "start" not in one_start["arms"]["spec"]["window"]
+    _schema_valid(ledger, point)
+
+
+def test_build_point_refuses_arms_measured_in_different_starts():
+    ledger = _ledger_with_arms()
+    runs = _started_runs([([100, 101], [130, 131]), ([100, 101], [130, 131])])
+    runs["spec"][0]["start"] = 1
+    with pytest.raises(ValueError, match="different engine starts"):
+        procedure.build_point(ledger, ledger.data["workloads"][0]["name"], 0.0, 2, runs)
+
+
+def test_merge_starts_joins_the_windows_of_each_start_into_one_point():
+    ledger = _ledger_with_arms()
+    workload = ledger.data["workloads"][0]["name"]
+    key = (workload, 0.0, 2)
+    parts = []
+    for start, (base, spec) in enumerate([([100, 101], [130, 131]), ([100, 101], [150, 151])]):
+        runs = {name: [{**w, "start": start} for w in ws] for name, ws in _runs(base, spec).items()}
+        point = procedure.build_point(ledger, *key, runs)
+        point["repeats_added"] = 0
+        parts.append(procedure.PointMeasurement(key, point, {"spec": [{"window_s": 5.0}] * 2}, 10.0, runs=runs,
+                                                warmups={}, passes={}))
+    merged = procedure.merge_starts(ledger, parts)
+    assert merged.point["arms"]["spec"]["window"]["start"] == [0, 0, 1, 1]
+    assert merged.point["arms"]["spec"]["multiplier_by_start"] == [1.299, 1.498]  # 261/201 and 301/201
+    assert merged.wall_s == 20.0 and len(merged.timings["spec"]) == 4
+    with pytest.raises(ValueError, match="different points"):
+        procedure.merge_starts(ledger, [parts[0], dataclasses.replace(parts[1], key=(workload, 0.0, 4))])
+
+
+def _started_point(per_start: list[tuple[list[float], list[float]]]) -> dict:
+    ledger = _ledger_with_arms()
+    point = procedure.build_point(ledger, ledger.data["workloads"][0]["name"], 0.0, 2, _started_runs(per_start))
+    point["arms"]["spec"]["acceptance"]["acceptance_length"] = 3.0
+    return point
+
+
+def _verify_over_starts(fresh: list[tuple[list[float], list[float]]]):
+    ledger = _ledger_with_arms()
+    ledger.data["tolerances"] = {"multiplier_rel": 0.1, "acceptance_length_abs": 0.2, "output_tokens_per_s_rel": 0.5}
+    committed = _started_point([([100, 101], [142, 143.4]), ([90, 91], [136.8, 138.3]), ([110, 109], [162.8, 161.3]),
+                                ([100, 100], [150, 150]), ([95, 96], [141.6, 143])])  # 1.42-1.52: a 7% spread
+    return verdict.compare_point(ledger, "spec", committed, _started_point(fresh))
+
+
+def test_one_fresh_start_is_judged_against_the_spread_of_the_committed_starts():
+    """Within one start the windows agree to 1%; between starts the multiplier moves by about 7%. A fresh start at
+    1.50 holds against them, though a window-level comparison with any one committed start would call it changed;
+    a fresh start at 1.10 is changed; the message counts engine starts, not repeats."""
+    same = _verify_over_starts([([100, 101], [150, 151.5])])
+    multiplier = same.figure("multiplier")
+    assert multiplier.verdict.unit == "engine starts" and multiplier.committed.n == 5
+    assert same.outcome != "changed", same.message("t")
+    fell = _verify_over_starts([([100, 101], [110, 111.1])])
+    assert fell.outcome == "changed" and "changed (down)" in fell.message("t")
+
+
+def test_a_verdict_over_starts_that_cannot_settle_says_how_many_starts_would():
+    ledger = _ledger_with_arms()
+    ledger.data["tolerances"] = {"multiplier_rel": 0.1, "acceptance_length_abs": 0.2, "output_tokens_per_s_rel": 0.5}
+    committed = _started_point([([100, 100], [130, 130]), ([100, 100], [170, 170])])  # 1.3 and 1.7
+    result = verdict.compare_point(ledger, "spec", committed, _started_point([([100, 100], [150, 150])]))
+    assert result.outcome == "inconclusive"
+    assert "fresh engine starts" in result.figure("multiplier").verdict.line()
+
+
+def _fake_starts(monkeypatch) -> tuple[list[list[_FakeArm]], list[tuple]]:
+    """Engines that only count their starts, and a measure_point whose start s gives multiplier 1.3 + 0.2 s."""
+    from specledger.measure import engines
+    from specledger.measure import session as session_module
+
+    starts_of_arms: list[list[_FakeArm]] = []
+
+    def start_arms(specs, **_):
+        arms = [_FakeArm(spec.name) for spec in specs]
+        for arm, spec in zip(arms, specs, strict=True):
+            arm.spec = spec
+        starts_of_arms.append(arms)
+        return arms
+
+    calls: list[tuple] = []
+
+    def measure_point(led, arms, w, t, c, *, protocol, start, passes, **_):
+        assert all(arm.alive for arm in arms.values())  # measured in the engines of this start
+        calls.append((c, start, protocol["repeats"]["min"], passes))
+        ratio = 1.3 + 0.2 * start
+        counted = {"drafts": 1, "draft_tokens": 4, "accepted_tokens": 2, "accepted_per_position": [1, 1, 0, 0]}
+        runs = {"baseline": [{**_window(100.0), "start": start}] * 2,
+                "spec": [{**_window(100.0 * ratio, counters_=counted), "start": start}] * 2}
+        passes = passes or {"spec": {"counters": counted, "requests": 4, "seconds": 1.0, "in_start": start}}
+        point = procedure.build_point(led, w, t, c, runs, passes=passes)
+        point["repeats_added"] = 0
+        return procedure.PointMeasurement((w, t, c), point, {}, 1.0, runs=runs, warmups={}, passes=passes)
+
+    monkeypatch.setattr(engines, "start_arms", start_arms)
+    monkeypatch.setattr("specledger.models.resolve_model", lambda _: "/models/smollm2")
+    monkeypatch.setattr(session_module.procedure, "measure_point", measure_point)
+    monkeypatch.setattr(session_module.fingerprint, "sample_load", lambda _s: fingerprint.LoadSample(0.1, 0.0))
+    return starts_of_arms, calls
+
+
+def test_several_engine_starts_measure_every_planned_point_in_each_start_in_rotated_order(monkeypatch):
+    """--ledger-starts 3 over two points: the arms start three times; each start measures both points (the order
+    rotated), with a third of the repeats (at least 2) and the first start's acceptance passes; the points that
+    come out carry every start's windows and the interval over the starts."""
+    from specledger.measure.session import SuiteSession
+
+    starts_of_arms, calls = _fake_starts(monkeypatch)
+    ledger = _ledger_with_arms()
+    workload = ledger.data["workloads"][0]["name"]
+    lines: list[str] = []
+    session = SuiteSession(root=ROOT, record=False, progress=lines.append, starts=3)
+    keys = [(workload, 0.0, 2), (workload, 0.0, 8)]
+    for key in keys:
+        session.plan(ledger, key)
+    measured = session.measure(ledger, keys[1])  # the first point asked for measures both, in every start
+    assert len(starts_of_arms) == 3 and not any(arm.alive for arm in starts_of_arms[0] + starts_of_arms[1])
+    assert [(c, start) for c, start, _, _ in calls] == [(2, 0), (8, 0), (8, 1), (2, 1), (2, 2), (8, 2)]
+    assert {repeats for _, _, repeats, _ in calls} == {2}  # ceil(6 / 3)
+    passes_given = [passes and passes["spec"]["in_start"] for c, _, _, passes in calls if c == 2]
+    assert passes_given == [None, 0, 0]  # counted once, in the first start
+    spec = measured.point["arms"]["spec"]
+    assert spec["window"]["start"] == [0, 0, 1, 1, 2, 2] and spec["multiplier_by_start"] == [1.3, 1.5, 1.7]
+    assert session.measure(ledger, keys[0]).point["arms"]["spec"]["multiplier_by_start"] == [1.3, 1.5, 1.7]
+    assert len(calls) == 6  # the second point came from the cache
+    assert "over 3 engine starts" in lines[-1]
+    assert any("engine start 2 of 3: the arms start again" in line for line in lines)
+    session.close()
+
+
+def test_several_engine_starts_stop_at_the_time_budget(monkeypatch):
+    """A budget the first start already spent: no second start; the point is that one start's, said so."""
+    from specledger.measure.session import SuiteSession
+
+    starts_of_arms, calls = _fake_starts(monkeypatch)
+    ledger = _ledger_with_arms()
+    lines: list[str] = []
+    session = SuiteSession(root=ROOT, record=False, progress=lines.append, starts=3, budget_s=0.0)
+    point = session.measure(ledger, (ledger.data["workloads"][0]["name"], 0.0, 2)).point
+    assert len(starts_of_arms) == 1 and len(calls) == 1
+    assert any("engine start 2 of 3 not begun" in line for line in lines)
+    assert "multiplier_by_start" not in point["arms"]["spec"]  # one start: its windows' own interval
+    session.close()
+
+
+def test_several_engine_starts_refuse_http_and_need_one_start_at_least():
+    from specledger.measure.session import SuiteSession
+
+    with pytest.raises(ValueError, match="at least 1"):
+        SuiteSession(root=Path("."), record=False, starts=0)
+    with pytest.raises(ValueError, match="in-process engines"):
+        SuiteSession(root=Path("."), record=False, starts=2, http=object())  # type: ignore[arg-type]

@@ -143,3 +143,47 @@ def test_loading_the_plugin_imports_nothing_heavy() -> None:
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "[]"
+
+
+PLAN_SPY = '''
+"""Test-only plugin: writes what the session planned when the first point is measured, then measures as the fake."""
+import json
+import os
+
+from specledger.measure import session
+
+measure = session.SuiteSession.measure
+
+
+def spy(self, ledger, key):
+    path = os.environ["PLAN_OUT"]
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            json.dump({"starts": self.starts, "planned": {lid: [list(k) for k in keys]
+                                                          for lid, keys in self._planned.items()}}, f)
+    return measure(self, ledger, key)
+
+
+session.SuiteSession.measure = spy
+'''
+
+
+def test_several_engine_starts_plan_every_selected_point_before_the_first_is_measured(tmp_path: Path) -> None:
+    """--ledger-starts 2: the session knows every selected point of the ledger, in the selection's order, when the
+    first one is measured (each start measures them all); with one start it plans nothing."""
+    (tmp_path / "plan_spy.py").write_text(PLAN_SPY)
+    for starts in ("2", "1"):
+        plan = tmp_path / f"plan-{starts}.json"
+        env = {"PLAN_OUT": str(plan), "PYTHONPATH": f"{tmp_path}:{ROOT}"}
+        (tmp_path / "fake_measure.py").write_text(FAKE_MEASURE)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "tests/test_ledgers.py", "-p", "no:cacheprovider", "-p", "fake_measure",
+             "-p", "plan_spy", "-q", "-m", "not gpu", "-o", "addopts=", "--ledger", "ledgers/cpu-smollm2.json",
+             "--ledger-points", "free-form:0:2,copy:0:1", "--ledger-starts", starts],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+            env=dict(__import__("os").environ, FAKE_MODE="same", **env))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        seen = json.loads(plan.read_text())
+        assert seen["starts"] == int(starts)
+        expected = {"cpu-smollm2": [["free-form", 0.0, 2], ["copy", 0.0, 1]]} if starts == "2" else {}
+        assert seen["planned"] == expected

@@ -260,3 +260,91 @@ def test_more_fresh_repeats_never_predict_a_wider_change(h, n_committed, n_fresh
     assert stats.predicted_change_half_width(h, n_committed, n_fresh + 1) <= stats.predicted_change_half_width(
         h, n_committed, n_fresh)
     assert stats.predicted_change_half_width(h, n_committed, n_fresh) >= h
+
+
+# -- across engine starts ---------------------------------------------------------------------------------------
+
+
+def started_sample(seed: int, n_starts: int, pairs: int, ratio: float, *, between: float, within: float
+                   ) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """Paired windows from `n_starts` engine starts: each start draws its own host state, which moves the
+    multiplier by a lognormal factor (sd `between` in logs), and each window adds its own noise (sd `within`)."""
+    rng = np.random.default_rng(seed)
+    spec, base, starts = [], [], []
+    for s in range(n_starts):
+        start_ratio = ratio * math.exp(rng.normal(0.0, between))
+        level = 5000.0 * math.exp(rng.normal(0.0, between))
+        for _ in range(pairs):
+            b = level * math.exp(rng.normal(0.0, within))
+            spec.append(b * start_ratio * math.exp(rng.normal(0.0, within)))
+            base.append(b)
+            starts.append(s)
+    return np.array(spec), np.array(base), starts
+
+
+def test_windows_of_one_start_miss_the_between_start_spread_and_replications_cover_it():
+    """Host state drawn per start (8% in logs, as between the lent H200 runs), windows 5% each: the window
+    bootstrap of one start covers the machine type's multiplier far less often than it claims, the t interval
+    over four starts about as often as it claims."""
+    truth, trials = 1.4, 200
+    one_start = replicated = 0
+    for trial in range(trials):
+        spec, base, starts = started_sample(trial, 4, 6, truth, between=0.08, within=0.05)
+        first = [i for i, s in enumerate(starts) if s == 0]
+        e = stats.multiplier_estimate(spec[first], base[first], seed=trial, n_resamples=N_RESAMPLES)
+        one_start += e.low <= truth <= e.high
+        r = stats.replicated_estimate(stats.start_multipliers(spec, base, starts))
+        replicated += r.low <= truth <= r.high
+    assert one_start / trials < 0.6, one_start
+    assert 0.9 <= replicated / trials <= 0.99, replicated
+
+
+def test_a_fresh_start_of_an_unchanged_machine_type_is_covered_at_the_stated_confidence():
+    """One nightly start against six committed starts, nothing changed: the change's interval covers 0 ~95%."""
+    covered, trials = 0, 300
+    for trial in range(trials):
+        c_spec, c_base, c_starts = started_sample(2 * trial, 6, 4, 1.4, between=0.08, within=0.05)
+        f_spec, f_base, f_starts = started_sample(2 * trial + 1, 1, 4, 1.4, between=0.08, within=0.05)
+        e = stats.replicated_change(stats.start_multipliers(f_spec, f_base, f_starts),
+                                    stats.start_multipliers(c_spec, c_base, c_starts))
+        covered += e.low <= 0 <= e.high
+    assert 0.9 <= covered / trials <= 0.99, covered
+
+
+@given(st.lists(st.floats(0.2, 5.0), min_size=2, max_size=8), st.floats(0.1, 10.0))
+def test_scaling_every_start_scales_the_replicated_estimate(per_start, c):
+    e, scaled = stats.replicated_estimate(per_start), stats.replicated_estimate([c * x for x in per_start])
+    assert scaled.value == pytest.approx(c * e.value, rel=1e-9)
+    assert scaled.low == pytest.approx(c * e.low, rel=1e-9) and scaled.high == pytest.approx(c * e.high, rel=1e-9)
+    assert e.low <= e.value <= e.high and e.n == len(per_start)
+
+
+@given(st.lists(st.floats(0.2, 5.0), min_size=2, max_size=8), st.floats(0.5, 2.0))
+def test_a_replicated_change_is_the_ratio_of_geometric_means(committed, factor):
+    fresh = [factor * x for x in committed]
+    e = stats.replicated_change(fresh, committed)
+    assert e.value == pytest.approx(factor - 1, rel=1e-9, abs=1e-12)
+    assert e.low <= e.value <= e.high
+
+
+def test_per_start_figures_group_windows_by_their_start():
+    assert stats.start_multipliers([2, 2, 3, 3, 1], [1, 1, 1, 1, 1], [0, 0, 1, 1, 2]) == [2.0, 3.0, 1.0]
+    assert stats.start_means([1, 3, 10, 20], [5, 5, 2, 2]) == [2.0, 15.0]  # in the order the starts came
+
+
+def test_identical_starts_give_the_point_as_both_bounds():
+    e = stats.replicated_estimate([1.3, 1.3, 1.3])
+    assert (e.low, e.value, e.high) == pytest.approx((1.3, 1.3, 1.3))
+    c = stats.replicated_change([1.3], [1.3, 1.3])
+    assert (c.low, c.value, c.high) == pytest.approx((0.0, 0.0, 0.0))
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: stats.replicated_estimate([1.4]), "at least 2 starts"),
+    (lambda: stats.replicated_change([1.4], [1.3]), "3 starts in all"),
+    (lambda: stats.replicated_estimate([1.4, 0.0]), "positive and finite"),
+    (lambda: stats.start_multipliers([1.0, 2.0], [1.0, 2.0], [0]), "one start index per repeat"),
+])
+def test_replication_errors(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()

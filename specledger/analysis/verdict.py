@@ -109,6 +109,49 @@ def _repeats(point: Mapping[str, Any], arm: str | None) -> list[float] | None:
     return [float(v) for v in values] if values and len(values) >= 2 else None
 
 
+def _starts(point: Mapping[str, Any], arm: str, n: int) -> list[int]:
+    """Each repeat's engine start (``window.start``); all one start where the point does not say."""
+    starts = (((point.get("arms") or {}).get(arm) or {}).get("window") or {}).get("start")
+    return [int(s) for s in starts] if starts and len(starts) == n else [0] * n
+
+
+def _replicated_verdicts(ledger: Ledger, arm: str, base: str | None, committed: Mapping[str, Any],
+                         measured: Mapping[str, Any]) -> list[FigureVerdict] | None:
+    """The verdicts over engine starts, where one side has two or more (None: both are one start each).
+
+    Each start is one replication: the fresh starts' figures against the committed starts', Student's t with the
+    variance pooled (stats.replicated_change), so a single nightly start is judged against the spread the
+    committed starts showed, not against the windows of one host state."""
+    tol = ledger.tolerances
+    mine_f, mine_c = _repeats(measured, arm), _repeats(committed, arm)
+    if not mine_f or not mine_c:
+        return None
+    starts_f, starts_c = _starts(measured, arm, len(mine_f)), _starts(committed, arm, len(mine_c))
+    n_f, n_c = len(set(starts_f)), len(set(starts_c))
+    if max(n_f, n_c) < 2:
+        return None
+
+    def estimate(per_start: list[float], values: list[float], base_values: list[float] | None) -> stats.Estimate:
+        if len(per_start) >= 2:
+            return stats.replicated_estimate(per_start)
+        return stats.multiplier_estimate(values, base_values) if base_values else stats.mean_estimate(values)
+
+    out: list[FigureVerdict] = []
+    base_f, base_c = _repeats(measured, base), _repeats(committed, base)
+    if base_f and base_c and len(mine_f) == len(base_f) and len(mine_c) == len(base_c):
+        per_f = stats.start_multipliers(mine_f, base_f, starts_f)
+        per_c = stats.start_multipliers(mine_c, base_c, starts_c)
+        out.append(FigureVerdict("multiplier", estimate(per_f, mine_f, base_f), estimate(per_c, mine_c, base_c),
+                                 stats.verdict(stats.replicated_change(per_f, per_c), float(tol["multiplier_rel"]),
+                                               n_fresh=n_f, unit="engine starts")))
+    per_f, per_c = stats.start_means(mine_f, starts_f), stats.start_means(mine_c, starts_c)
+    out.append(FigureVerdict(f"{arm} output tokens/s", estimate(per_f, mine_f, None), estimate(per_c, mine_c, None),
+                             stats.verdict(stats.replicated_change(per_f, per_c),
+                                           float(tol["output_tokens_per_s_rel"]), n_fresh=n_f,
+                                           unit="engine starts")))
+    return out
+
+
 def speed_verdicts(ledger: Ledger, arm: str, committed: Mapping[str, Any], measured: Mapping[str, Any]
                    ) -> list[FigureVerdict]:
     """Multiplier (speculative arms) and the arm's own tokens/s, each fresh vs committed with its CI."""
@@ -116,6 +159,9 @@ def speed_verdicts(ledger: Ledger, arm: str, committed: Mapping[str, Any], measu
     out: list[FigureVerdict] = []
     mine_f, mine_c = _repeats(measured, arm), _repeats(committed, arm)
     base = ledger.baseline_arm_for(arm) if ledger.arm(arm)["role"] in ("speculative", "policy") else None
+    replicated = _replicated_verdicts(ledger, arm, base, committed, measured)
+    if replicated is not None:
+        return replicated
     base_f, base_c = _repeats(measured, base), _repeats(committed, base)
     if mine_f and mine_c and base_f and base_c and len(mine_f) == len(base_f) and len(mine_c) == len(base_c):
         change = stats.multiplier_change(mine_f, base_f, mine_c, base_c)

@@ -58,6 +58,10 @@ class PointMeasurement:
     point: dict[str, Any]
     timings: dict[str, list[dict[str, float]]] = field(default_factory=dict)
     wall_s: float = 0.0
+    # the raw material of `point`, kept so that the windows of several engine starts can be built into one point
+    runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+    warmups: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+    passes: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
 
 
 def _noop(_: str) -> None:
@@ -199,12 +203,16 @@ def _host_note(window: Mapping[str, Any]) -> str:
 
 def measure_point(ledger: Ledger, arms: Mapping[str, Any], workload: str, temperature: float,
                   concurrency: int, *, root: Path | None = None, progress: Progress = _noop,
-                  more: MoreRule | None = None, protocol: Mapping[str, Any] | None = None) -> PointMeasurement:
+                  more: MoreRule | None = None, protocol: Mapping[str, Any] | None = None,
+                  start: int | None = None, passes: Mapping[str, Mapping[str, Any]] | None = None
+                  ) -> PointMeasurement:
     """Measure every arm at one (workload, temperature, concurrency): warm-up, then paired windows.
 
     ``more(point, repeats)`` is asked after the minimum repeats and after each added pair;
     while it says yes and the cap allows, two more repeats run (one A-B, one B-A).
     ``protocol`` replaces the ledger's (``shown_only_protocol``); by default it is the ledger's own.
+    ``start`` tags every window with the engine start it ran in (``merge_starts``); ``passes`` are acceptance
+    passes an earlier start of this point already ran (acceptance does not depend on the start: counted once).
     """
     protocol = protocol_for(ledger) if protocol is None else protocol
     sweep = ledger.data.get("sweep", {})
@@ -221,8 +229,9 @@ def measure_point(ledger: Ledger, arms: Mapping[str, Any], workload: str, temper
                  f"{w['seconds']:.0f} s, tok/s {w['output_tokens_per_s']}"
                  + ("" if w["converged"] or int(protocol["warmup"]["max_windows"]) < 2
                     else " (cap reached before two windows agreed)"))
-    passes = acceptance_passes(ledger, arms, prompts, concurrency, sampling, protocol, progress,
-                               label=f"{workload} T={temperature:g} c={concurrency}")
+    passes = dict(passes) if passes is not None else acceptance_passes(
+        ledger, arms, prompts, concurrency, sampling, protocol, progress,
+        label=f"{workload} T={temperature:g} c={concurrency}")
     window_s = windows_for(protocol, {name: w["request_latency_s"] for name, w in warmups.items()})
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     mode = sweep.get("repeat_prompts", "same")
@@ -234,6 +243,8 @@ def measure_point(ledger: Ledger, arms: Mapping[str, Any], workload: str, temper
             time.sleep(settle_s)
             res = arms[name].run(prompts=prompts, concurrency=concurrency, sampling=sampling, window_s=window_s[name],
                                  first_index=first_index(r, concurrency, len(prompts), mode))
+            if start is not None:
+                res = {**res, "start": start}
             runs[name].append(res)
             eta = (time.monotonic() - t_start) / max(1, sum(map(len, runs.values()))) \
                 * (planned * len(names) - sum(map(len, runs.values())))
@@ -257,7 +268,23 @@ def measure_point(ledger: Ledger, arms: Mapping[str, Any], workload: str, temper
                        "output_tokens_per_s": x["output_tokens_per_s"]} for x in rs]
                for name, rs in runs.items()}
     return PointMeasurement((workload, float(temperature), int(concurrency)), point, timings,
-                            time.monotonic() - t_start)
+                            time.monotonic() - t_start, runs=runs, warmups=warmups, passes=passes)
+
+
+def merge_starts(ledger: Ledger, parts: Sequence[PointMeasurement]) -> PointMeasurement:
+    """One point from its measurements in several engine starts (each from ``measure_point(start=i)``): the
+    windows in start order, the warm-ups of the last start, the acceptance passes of the first."""
+    if not parts:
+        raise ValueError("merge_starts: no measurements")
+    key = parts[0].key
+    if any(part.key != key for part in parts):
+        raise ValueError(f"merge_starts: measurements of different points: {[part.key for part in parts]}")
+    runs = {name: [x for part in parts for x in part.runs[name]] for name in parts[0].runs}
+    point = build_point(ledger, *key, runs, parts[-1].warmups, parts[0].passes)
+    point["repeats_added"] = sum(int(part.point.get("repeats_added", 0)) for part in parts)
+    timings = {name: [t for part in parts for t in part.timings.get(name, [])] for name in parts[0].timings}
+    return PointMeasurement(key, point, timings, sum(part.wall_s for part in parts), runs=runs,
+                            warmups=dict(parts[-1].warmups), passes=dict(parts[0].passes))
 
 
 def _percentiles(values: Sequence[float], digits: int = 5) -> dict[str, float] | None:
@@ -308,6 +335,20 @@ def lossless(spec_runs: Sequence[Mapping[str, Any]], base_runs: Sequence[Mapping
             "identical_share": round(identical / len(common), 4), "first_divergence": first}
 
 
+def start_indices(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[int] | None:
+    """Each window's engine start, where the windows came from two or more starts (None: one start, or untagged).
+
+    Then a point's intervals are taken over its starts (``stats.replicated_estimate``), since windows of one start
+    share its host state; every arm ran in every start, paired window by window, so one list serves all arms."""
+    tagged = [[x.get("start") for x in rs] for rs in runs.values()]
+    if not tagged or any(s is None for rs in tagged for s in rs):
+        return None
+    if any(rs != tagged[0] for rs in tagged):
+        raise ValueError(f"arms were measured in different engine starts: {tagged}")
+    starts = [int(s) for s in tagged[0]]
+    return starts if len(set(starts)) >= 2 else None
+
+
 def build_point(ledger: Ledger, workload: str, temperature: float, concurrency: int,
                 runs: Mapping[str, Sequence[Mapping[str, Any]]],
                 warmups: Mapping[str, Mapping[str, Any]] | None = None,
@@ -318,13 +359,14 @@ def build_point(ledger: Ledger, workload: str, temperature: float, concurrency: 
     r_len, r_rate = rounding["acceptance_length"], rounding["acceptance_rate"]
     tps = {name: [float(x["output_tokens_per_s"]) for x in rs] for name, rs in runs.items()}
     arms_out: dict[str, Any] = {}
+    starts = start_indices(runs)
 
     def interval(e: stats.Estimate, digits: int) -> list[float]:
         return [round(e.low, digits), round(e.high, digits)]
 
     for name, rs in runs.items():
         values = tps[name]
-        mean = stats.mean_estimate(values)
+        mean = stats.replicated_estimate(stats.start_means(values, starts)) if starts else stats.mean_estimate(values)
         result: dict[str, Any] = {
             "output_tokens_per_s": {
                 "repeats": [round(v, r_tps) for v in values],
@@ -346,6 +388,8 @@ def build_point(ledger: Ledger, workload: str, temperature: float, concurrency: 
                             ("host_slice_ms", 3), ("opened_unix_s", 2)):
             if all(x.get(key) is not None for x in rs):
                 result["window"][key] = [round(float(x[key]), digits) for x in rs]
+        if all(x.get("start") is not None for x in rs):
+            result["window"]["start"] = [int(x["start"]) for x in rs]
         if warmups and name in warmups:
             result["warmup"] = {k: v for k, v in warmups[name].items() if k != "request_latency_s"}
         latency = latency_figures(rs)
@@ -360,7 +404,12 @@ def build_point(ledger: Ledger, workload: str, temperature: float, concurrency: 
             for field_name, base in (("multiplier", ledger.baseline_arm_for(name)),
                                      ("multiplier_vs_matched", ledger.matched_baseline_for(name))):
                 if base in tps and statistics.fmean(tps[base]) > 0:
-                    m = stats.multiplier_estimate(values, tps[base])
+                    if starts:
+                        per_start = stats.start_multipliers(values, tps[base], starts)
+                        m = stats.replicated_estimate(per_start)
+                        result[f"{field_name}_by_start"] = [round(v, r_mult) for v in per_start]
+                    else:
+                        m = stats.multiplier_estimate(values, tps[base])
                     result[field_name] = round(m.value, r_mult)
                     result[f"{field_name}_ci95"] = interval(m, r_mult)
             done = (passes or {}).get(name)

@@ -5,7 +5,9 @@ ledger start on first use and stay up for the session (they are expensive to sta
 point warms them up at its own concurrency, see specledger.measure.procedure); a point is measured once
 for all its arms and cached, so two drafters in one ledger share the baseline run. The
 session also decides what a measurement may be compared with (the machine fingerprint),
-refuses to record on a busy machine, and says when a point needs more repeats.
+refuses to record on a busy machine, and says when a point needs more repeats. With ``starts``
+above one, the engines start that many times and every planned point is measured in each start
+(``_measure_in_starts``), so a point's interval covers the host's drift between starts.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class SuiteSession:
                  progress: Progress = print, command: str | None = None, only_missing: bool = False,
                  http: HTTPMode | None = None, force_busy: bool = False, adaptive: bool = True,
                  budget_s: float | None = None, trusted: bool = False, full_protocol: bool = False,
-                 kv_sizing: str = "default") -> None:
+                 kv_sizing: str = "default", starts: int = 1) -> None:
         if http is not None and record:
             raise ValueError("HTTP mode verifies only: a ledger's figures are recorded with in-process engines "
                              "(over HTTP the tokens/s include the client and server overhead)")
@@ -68,6 +70,13 @@ class SuiteSession:
         if kv_sizing not in ("default", "pinned"):
             raise ValueError(f"kv_sizing must be 'default' or 'pinned', not {kv_sizing!r}")
         self.kv_sizing = kv_sizing
+        if starts < 1:
+            raise ValueError(f"starts must be at least 1, not {starts!r}")
+        if starts > 1 and http is not None:
+            raise ValueError("several engine starts need in-process engines: over HTTP the servers are not ours "
+                             "to restart")
+        self.starts = starts
+        self._planned: dict[str, list[tuple[str, float, int]]] = {}
         self.results: list[tuple[str, Any]] = []
         self._machines: dict[str, dict[str, Any] | None] = {}
         self._arms: dict[str, dict[str, Any]] = {}
@@ -249,6 +258,8 @@ class SuiteSession:
         committed = ledger.find_point(*key)
         if committed is None or self.not_comparable(ledger, key) is not None:
             return None
+        if any(len(set((arm.get("window") or {}).get("start") or [])) > 1 for arm in committed["arms"].values()):
+            return None  # judged over engine starts: more windows of this one start cannot settle it
 
         def unsettled(point: dict[str, Any], _: int) -> bool:
             return any(verdict.compare_point(ledger, a["name"], committed, point).outcome == "inconclusive"
@@ -274,29 +285,93 @@ class SuiteSession:
     def measure(self, ledger: Ledger, key: tuple[str, float, int]) -> procedure.PointMeasurement:
         cache_key = (ledger.id, key)
         if cache_key not in self._cache:
-            arms = self.arms_for(ledger)
-            threshold = float(procedure.protocol_for(ledger)["busy_others_cpu_share"])
-            before = fingerprint.sample_load(1.0)
-            busy = fingerprint.is_busy(before, threshold)
-            if busy:
-                message = fingerprint.busy_message(before, threshold, top=fingerprint.top_other_processes())
-                if self.record and not self.force_busy:
-                    raise BusyMachine(f"{ledger.id} {key[0]}:{key[1]:g}:{key[2]}: not recorded: {message}")
-                self.progress(f"{ledger.id}: WARNING {message}")
-            m = procedure.measure_point(ledger, arms, *key, root=self.root, progress=self.progress,
-                                      more=self._more_rule(ledger, key), protocol=self._protocol(ledger, key))
-            after = fingerprint.sample_load(1.0)
-            m.point["load"] = {"before": before.as_json(), "after": after.as_json()}
-            if busy:
-                m.point["busy"] = True
-            self._cache[cache_key] = m
-            summary = ", ".join(
-                f"{name} x{res['multiplier']:.2f} ({res['multiplier_ci95'][0]:.2f}..{res['multiplier_ci95'][1]:.2f})"
-                + (f" L={res['acceptance']['acceptance_length']:.2f}" if res.get("acceptance") else "")
-                for name, res in m.point["arms"].items() if "multiplier" in res)
-            self.progress(f"{ledger.id} {key[0]} T={key[1]:g} c={key[2]}: {summary} ({m.wall_s:.1f} s, "
-                          f"{m.point['repeats_added']} repeats added)")
+            if self.starts > 1:
+                self._measure_in_starts(ledger, key)
+            else:
+                m = self._measure_one(ledger, key, self.arms_for(ledger), protocol=self._protocol(ledger, key),
+                                      more=self._more_rule(ledger, key))
+                self._cache[cache_key] = m
+                self._announce(ledger, key, m)
         return self._cache[cache_key]
+
+    def plan(self, ledger: Ledger, key: tuple[str, float, int]) -> None:
+        """Say that point `key` of `ledger` will be measured in this session: with several engine starts, the
+        first point measured measures every planned point of its ledger in every start."""
+        keys = self._planned.setdefault(ledger.id, [])
+        if key not in keys:
+            keys.append(key)
+
+    def _measure_one(self, ledger: Ledger, key: tuple[str, float, int], arms: dict[str, Any], *,
+                     protocol: dict[str, Any] | None, more: procedure.MoreRule | None = None,
+                     start: int | None = None, passes: dict[str, Any] | None = None) -> procedure.PointMeasurement:
+        """One point in the engines as they are now, with the machine's load before and after."""
+        threshold = float(procedure.protocol_for(ledger)["busy_others_cpu_share"])
+        before = fingerprint.sample_load(1.0)
+        busy = fingerprint.is_busy(before, threshold)
+        if busy:
+            message = fingerprint.busy_message(before, threshold, top=fingerprint.top_other_processes())
+            if self.record and not self.force_busy:
+                raise BusyMachine(f"{ledger.id} {key[0]}:{key[1]:g}:{key[2]}: not recorded: {message}")
+            self.progress(f"{ledger.id}: WARNING {message}")
+        m = procedure.measure_point(ledger, arms, *key, root=self.root, progress=self.progress, more=more,
+                                    protocol=protocol, start=start, passes=passes)
+        after = fingerprint.sample_load(1.0)
+        m.point["load"] = {"before": before.as_json(), "after": after.as_json()}
+        if busy:
+            m.point["busy"] = True
+        return m
+
+    def _measure_in_starts(self, ledger: Ledger, key: tuple[str, float, int]) -> None:
+        """Every planned point of `ledger` in each of ``starts`` engine starts, then one point each from all starts.
+
+        Why: windows of one start share its host state, and on a lent H200 the multiplier moved between starts by
+        more than one start's interval (reports/evidence/2026-12-03-h200-affinity-ab). Each start measures every
+        point with a share of the repeats, the points' order rotated from start to start, so each point's
+        windows spread over the whole run; its interval is then taken over the starts (stats.replicated_estimate).
+        No repeats are added adaptively here: more starts, not more windows of one start, narrow that interval."""
+        keys = [k for k in self._planned.get(ledger.id, []) if (ledger.id, k) not in self._cache]
+        if key not in keys:
+            keys.insert(0, key)
+        parts: dict[tuple[str, float, int], list[procedure.PointMeasurement]] = {k: [] for k in keys}
+        last_start_s = 0.0
+        for start in range(self.starts):
+            if start:
+                spent = time.monotonic() - self._started
+                if self.budget_s is not None and spent + last_start_s > self.budget_s:
+                    self.progress(f"{ledger.id}: engine start {start + 1} of {self.starts} not begun: {spent:.0f} s "
+                                  f"spent, the last start took {last_start_s:.0f} s, the budget is "
+                                  f"{self.budget_s:.0f} s")
+                    break
+                self.progress(f"{ledger.id}: engine start {start + 1} of {self.starts}: the arms start again")
+                self.close()
+            t0 = time.monotonic()
+            arms = self.arms_for(ledger)
+            shift = start % len(keys)
+            for k in keys[shift:] + keys[:shift]:
+                protocol = copy.deepcopy(self._protocol(ledger, k) or procedure.protocol_for(ledger))
+                protocol["repeats"] = {**protocol["repeats"],
+                                       "min": max(2, -(-int(protocol["repeats"]["min"]) // self.starts))}
+                first = parts[k][0].passes if parts[k] else None
+                parts[k].append(self._measure_one(ledger, k, arms, protocol=protocol, start=start, passes=first))
+            last_start_s = time.monotonic() - t0
+        for k, measured in parts.items():
+            m = procedure.merge_starts(ledger, measured)
+            m.point["load"] = {"before": measured[0].point["load"]["before"],
+                               "after": measured[-1].point["load"]["after"]}
+            if any(part.point.get("busy") for part in measured):
+                m.point["busy"] = True
+            self._cache[(ledger.id, k)] = m
+            self._announce(ledger, k, m)
+
+    def _announce(self, ledger: Ledger, key: tuple[str, float, int], m: procedure.PointMeasurement) -> None:
+        summary = ", ".join(
+            f"{name} x{res['multiplier']:.2f} ({res['multiplier_ci95'][0]:.2f}..{res['multiplier_ci95'][1]:.2f})"
+            + (f" L={res['acceptance']['acceptance_length']:.2f}" if res.get("acceptance") else "")
+            for name, res in m.point["arms"].items() if "multiplier" in res)
+        starts = len(set((next(iter(m.point["arms"].values()), {}).get("window") or {}).get("start") or []))
+        over = f", over {starts} engine starts" if starts > 1 else ""
+        self.progress(f"{ledger.id} {key[0]} T={key[1]:g} c={key[2]}: {summary} ({m.wall_s:.1f} s, "
+                      f"{m.point['repeats_added']} repeats added{over})")
 
     # -- recording ---------------------------------------------------------------------------------------
     def store(self, ledger: Ledger, measured: procedure.PointMeasurement) -> Path:
