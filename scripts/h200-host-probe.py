@@ -21,6 +21,10 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from specledger.measure.fingerprint import host_slice_ms  # noqa: E402
 
 
 def proc_stat() -> list[int]:
@@ -41,12 +45,9 @@ def spread(values: list[float]) -> dict[str, float]:
 
 
 def python_slice_s() -> float:
-    """Seconds for 300,000 iterations of pure Python: the interpreter work of a scheduler step."""
-    t0 = time.perf_counter()
-    x = 0
-    for i in range(300_000):
-        x += i & 7
-    return time.perf_counter() - t0
+    """Seconds for one run of fingerprint's loop, the interpreter work of a scheduler step (the loop every window
+    and every run records, so the probe's figures and the ledgers' compare)."""
+    return host_slice_ms(1) / 1e3
 
 
 def smi() -> str:

@@ -58,15 +58,11 @@ def telemetry(label: str, directory: Path) -> pd.DataFrame:
 def join_telemetry(win: pd.DataFrame, speed: pd.DataFrame) -> pd.DataFrame:
     """Per window, the median telemetry slice taken while it was open (NaN where none fell inside)."""
     out = win.copy()
-    medians = []
-    for _, r in out.iterrows():
-        if pd.isna(r["opened_unix_s"]) or pd.isna(r["window_s"]):
-            medians.append(float("nan"))
-            continue
-        opened, closed = r["opened_unix_s"], r["opened_unix_s"] + r["window_s"]
-        inside = speed[(speed["unix_s"] >= opened) & (speed["unix_s"] <= closed)]
-        medians.append(float(inside["python_slice_ms"].median()) if len(inside) else float("nan"))
-    out["telemetry_slice_ms"] = medians
+    windows = out[["opened_unix_s", "window_s"]].dropna().rename_axis("window").reset_index()
+    pairs = windows.merge(speed[["unix_s", "python_slice_ms"]], how="cross")
+    inside = pairs[(pairs["unix_s"] >= pairs["opened_unix_s"])
+                   & (pairs["unix_s"] <= pairs["opened_unix_s"] + pairs["window_s"])]
+    out["telemetry_slice_ms"] = inside.groupby("window")["python_slice_ms"].median().reindex(out.index)
     return out
 
 
