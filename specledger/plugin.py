@@ -74,6 +74,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="start each ledger's engines N times and measure every selected point in each start "
                          "(a share of the repeats each, the points' order rotated): a point's interval is then "
                          "taken over the starts, as the host's state moves between starts (default: 1)")
+    group.addoption("--ledger-add-start", action="store_true", default=False,
+                    help="with --ledger-record: add this run's engine start to the points the ledger has, instead "
+                         "of replacing them; each point's figures are then taken over all its starts (a point "
+                         "recorded before starts were kept counts as one)")
     group.addoption("--ledger-http", action="store_true", default=False,
                     help="verify over HTTP: start one OpenAI-compatible vLLM server per arm, with flags derived "
                          "from the ledger arm, and measure through streaming completions and /metrics")
@@ -201,7 +205,8 @@ def specledger(request: pytest.FixtureRequest) -> Iterator[Any]:
                            trusted=bool(config.getoption("--ledger-trust")),
                            full_protocol=bool(config.getoption("--ledger-full-protocol")),
                            kv_sizing=str(config.getoption("--ledger-kv-sizing")),
-                           starts=int(config.getoption("--ledger-starts")))
+                           starts=int(config.getoption("--ledger-starts")),
+                           add_start=bool(config.getoption("--ledger-add-start")))
     config.stash[_SESSION_KEY] = session
     if session.starts > 1:  # every start measures every point this session will run
         for item in request.session.items:
@@ -260,6 +265,7 @@ def check_point(session: Any, point: LedgerPoint, item: pytest.Item | None = Non
     from specledger.analysis import verdict
     from specledger.ledger.trust import UntrustedLedger
     from specledger.measure.http.server_metrics import EndpointError
+    from specledger.measure.replication import StartMismatch
 
     try:
         measured = session.measure(point.ledger, point.key)
@@ -271,7 +277,7 @@ def check_point(session: Any, point: LedgerPoint, item: pytest.Item | None = Non
     if session.record:
         try:
             session.store(point.ledger, measured)
-        except FileExistsError as exc:  # two ledgers of one file name into one --ledger-out folder
+        except (FileExistsError, StartMismatch) as exc:  # two ledgers, one file name; a start that cannot join
             pytest.fail(f"{point.test_id}: not recorded: {exc}", pytrace=False)
         bar = verdict.policy_bar(point.ledger, point.arm, measured.point) \
             if point.ledger.arm(point.arm)["role"] == "policy" else None

@@ -883,3 +883,108 @@ def test_several_engine_starts_refuse_http_and_need_one_start_at_least():
         SuiteSession(root=Path("."), record=False, starts=0)
     with pytest.raises(ValueError, match="in-process engines"):
         SuiteSession(root=Path("."), record=False, starts=2, http=object())  # type: ignore[arg-type]
+
+
+# -- adding a run's start to recorded points (--ledger-add-start) ------------------------------------------------
+
+
+def _pass(drafts: int, requests: int = 16) -> dict:
+    return {"spec": {"counters": {"drafts": drafts, "draft_tokens": 4 * drafts, "accepted_tokens": 2 * drafts,
+                                  "accepted_per_position": [drafts, drafts // 2, drafts // 2, 0]},
+                     "requests": requests, "seconds": 2.0}}
+
+
+def test_a_start_added_to_a_point_recorded_in_one_start_makes_two():
+    """A point recorded before starts were kept (start 0) plus one run's windows (start 1): repeats and windows
+    joined, the figures over two starts, counts summed, acceptance from the two passes over the same prompts,
+    latency the added start's."""
+    from specledger.measure import replication
+
+    ledger = _ledger_with_arms()
+    workload = ledger.data["workloads"][0]["name"]
+    old = procedure.build_point(ledger, workload, 0.0, 2, _runs([100, 101], [130, 131]), passes=_pass(10))
+    new_runs = _runs([100, 99], [150, 149])
+    for window in new_runs["spec"]:
+        window.update(ttft_s=[0.5, 0.6])  # the added start's latency differs: it is the one kept
+    new = procedure.build_point(ledger, workload, 0.0, 2, new_runs, passes=_pass(30))
+    point = replication.add_start(ledger, old, new)
+    spec = point["arms"]["spec"]
+    assert spec["window"]["start"] == [0, 0, 1, 1] and spec["output_tokens_per_s"]["repeats"] == [130, 131, 150, 149]
+    assert spec["multiplier_by_start"] == [1.299, 1.503]  # 261/201 and 299/199
+    assert spec["multiplier_ci95"][0] < 1.299 and spec["multiplier_ci95"][1] > 1.503
+    assert spec["requests"] == old["arms"]["spec"]["requests"] + new["arms"]["spec"]["requests"]
+    assert spec["acceptance"]["drafts"] == 40 and spec["acceptance"]["requests"] == 32
+    assert spec["acceptance"]["acceptance_length"] == pytest.approx(3.0)
+    assert spec["lossless"]["requests_compared"] == 4
+    assert spec["latency_s"]["ttft"]["p50"] == pytest.approx(0.55) and point["latency_from_start"] == 1
+    assert len(spec["window"]["seconds"]) == 4 and "multiplier" not in point["arms"]["baseline"]
+    _schema_valid(ledger, point)
+    third = replication.add_start(ledger, point, new)  # and again: start 2
+    assert third["arms"]["spec"]["window"]["start"] == [0, 0, 1, 1, 2, 2]
+    assert third["arms"]["spec"]["multiplier_by_start"] == [1.299, 1.503, 1.503]
+
+
+def test_passes_over_other_prompts_are_not_summed_and_starts_of_other_shapes_are_refused():
+    from specledger.measure import replication
+
+    ledger = _ledger_with_arms()
+    workload = ledger.data["workloads"][0]["name"]
+    old = procedure.build_point(ledger, workload, 0.0, 2, _runs([100, 101], [130, 131]), passes=_pass(10, 16))
+    new = procedure.build_point(ledger, workload, 0.0, 2, _runs([100, 99], [150, 149]), passes=_pass(30, 43))
+    assert replication.add_start(ledger, old, new)["arms"]["spec"]["acceptance"]["drafts"] == 30  # the newest
+    with pytest.raises(replication.StartMismatch, match="protocol v1"):
+        replication.add_start(ledger, {**old, "protocol_version": 1}, new)
+    fewer = {**new, "arms": {"baseline": new["arms"]["baseline"]}}
+    with pytest.raises(replication.StartMismatch, match="every start measures every arm"):
+        replication.add_start(ledger, old, fewer)
+
+
+def test_the_session_adds_a_start_once_per_point_and_never_from_another_machine(monkeypatch):
+    """Every arm's test stores the same measurement: the start is added at the first store only. A run on another
+    machine (fingerprint) is refused, naming the point."""
+    from specledger.measure import replication
+    from specledger.measure.session import SuiteSession
+
+    ledger = _ledger_with_arms()
+    workload = ledger.data["workloads"][0]["name"]
+    key = (workload, 0.0, 2)
+    ledger.data["points"] = [procedure.build_point(ledger, *key, _runs([100, 101], [130, 131]))]
+    measured = procedure.PointMeasurement(key, procedure.build_point(ledger, *key, _runs([100, 99], [150, 149])))
+    with pytest.raises(ValueError, match="needs --ledger-record"):
+        SuiteSession(root=ROOT, record=False, add_start=True)
+    session = SuiteSession(root=ROOT, record=True, add_start=True, progress=lambda _: None)
+    monkeypatch.setattr(session, "not_comparable", lambda *_: None)
+    assert session._more_rule(ledger, key) is None  # more windows of this start cannot narrow an interval over starts
+    assert SuiteSession(root=ROOT, record=True)._more_rule(ledger, key) is not None
+    first = session._point_to_store(ledger, measured)
+    ledger.data["points"] = [first]  # what store() leaves in the working ledger
+    assert session._point_to_store(ledger, measured) is first  # the second arm's store: nothing added again
+    assert first["arms"]["spec"]["window"]["start"] == [0, 0, 1, 1]
+    other = SuiteSession(root=ROOT, record=True, add_start=True, progress=lambda _: None)
+    monkeypatch.setattr(other, "not_comparable", lambda *_: "another machine: cpu_model 'X' vs 'Y'")
+    with pytest.raises(replication.StartMismatch, match="not added: another machine"):
+        other._point_to_store(ledger, measured)
+    plain = SuiteSession(root=ROOT, record=True, progress=lambda _: None)  # without add_start: replaced
+    assert plain._point_to_store(ledger, measured) is measured.point
+
+
+def test_a_ledger_names_the_repeats_of_each_start_and_bounds_them_per_start():
+    """Over engine starts the repeats bound holds per start (a point gathers starts across runs, so its total may
+    pass protocol.repeats.max); window.start must name one start per repeat, and each start at least a pair."""
+    from specledger.ledger.model import LedgerError
+
+    ledger = _ledger_with_arms()
+    workload = ledger.data["workloads"][0]["name"]
+    many = [([100, 101], [130, 131])] * 7  # 14 repeats: over the protocol's max of 12, in starts of 2
+    point = procedure.build_point(ledger, workload, 0.0, 2, _started_runs(many))
+    _schema_valid(ledger, point)
+    short = copy.deepcopy(point)
+    short["arms"]["spec"]["window"]["start"] = short["arms"]["spec"]["window"]["start"][:-1]
+    with pytest.raises(LedgerError, match=r"\$\.points\[0\]\.arms\.spec\.window\.start: 13 engine starts named "
+                                          r"for 14 repeats"):
+        _schema_valid(ledger, short)
+    lonely = copy.deepcopy(point)
+    lonely["arms"]["spec"]["window"]["start"][-1] = 7
+    with pytest.raises(LedgerError, match=r"\$\.points\[0\]\.arms\.spec\.window\.start: engine start 7 has 1 "
+                                          r"repeats, outside 2\.\.12"):
+        _schema_valid(ledger, lonely)

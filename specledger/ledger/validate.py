@@ -313,7 +313,7 @@ def _gpu_memory_problems(data: dict[str, Any], file: str) -> list[Problem]:
 
 #: Figures only a speculative (or policy) arm has: a baseline states none of them.
 _SPEC_ONLY_FIGURES = ("multiplier", "multiplier_vs_matched", "multiplier_ci95", "multiplier_vs_matched_ci95",
-                      "acceptance")
+                      "multiplier_by_start", "multiplier_vs_matched_by_start", "acceptance")
 
 
 def _is_iso_date(text: Any) -> bool:
@@ -375,7 +375,20 @@ def _figure_problems(data: dict[str, Any], file: str) -> list[Problem]:
                     problems.append(Problem(file, json_path([*where, "output_tokens_per_s", "repeats"]),
                                             f"{len(reps)} repeats, but sweep.repeats says {expected}"))
                 low, high = bounds.get("min"), bounds.get("max")
-                if v3 and type(low) is int and type(high) is int and not low <= len(reps) <= high:
+                window = result.get("window") if isinstance(result.get("window"), dict) else {}
+                starts = window.get("start") if isinstance(window.get("start"), list) else None
+                if v3 and starts is not None and len(starts) != len(reps):
+                    problems.append(Problem(file, json_path([*where, "window", "start"]),
+                                            f"{len(starts)} engine starts named for {len(reps)} repeats"))
+                elif v3 and starts is not None and len(set(starts)) >= 2 and type(high) is int:
+                    # over several engine starts each start has its share of the repeats (at least a pair), and a
+                    # point gathers starts across runs (--ledger-add-start): the bound holds per start
+                    for start in dict.fromkeys(starts):
+                        n = starts.count(start)
+                        if not 2 <= n <= high:
+                            problems.append(Problem(file, json_path([*where, "window", "start"]),
+                                                    f"engine start {start} has {n} repeats, outside 2..{high}"))
+                elif v3 and type(low) is int and type(high) is int and not low <= len(reps) <= high:
                     problems.append(Problem(file, json_path([*where, "output_tokens_per_s", "repeats"]),
                                             f"{len(reps)} repeats, outside protocol.repeats {low}..{high}"))
             numbers = [v for v in (reps or []) if type(v) in (int, float)]

@@ -349,6 +349,33 @@ def start_indices(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[int] 
     return starts if len(set(starts)) >= 2 else None
 
 
+def _interval(e: stats.Estimate, digits: int) -> list[float]:
+    return [round(e.low, digits), round(e.high, digits)]
+
+
+def throughput_figures(values: Sequence[float], starts: Sequence[int] | None, digits: int) -> dict[str, Any]:
+    """An arm's ``output_tokens_per_s`` object: the repeats, their spread, and the mean with its interval (over the
+    engine starts where ``starts`` names two or more, else the repeats' bootstrap)."""
+    mean = stats.replicated_estimate(stats.start_means(values, starts)) if starts else stats.mean_estimate(values)
+    return {"repeats": [round(v, digits) for v in values], "median": round(statistics.median(values), digits),
+            "min": round(min(values), digits), "max": round(max(values), digits),
+            "mean": round(mean.value, digits), "ci95": _interval(mean, digits)}
+
+
+def multiplier_figures(field_name: str, values: Sequence[float], base: Sequence[float],
+                       starts: Sequence[int] | None, digits: int) -> dict[str, Any]:
+    """``multiplier`` (or ``multiplier_vs_matched``) with its interval: over the engine starts, with each start's
+    figure beside it, where ``starts`` names two or more; else the paired bootstrap of the repeats."""
+    out: dict[str, Any] = {}
+    if starts:
+        per_start = stats.start_multipliers(values, base, starts)
+        m = stats.replicated_estimate(per_start)
+        out[f"{field_name}_by_start"] = [round(v, digits) for v in per_start]
+    else:
+        m = stats.multiplier_estimate(values, base)
+    return {field_name: round(m.value, digits), f"{field_name}_ci95": _interval(m, digits), **out}
+
+
 def build_point(ledger: Ledger, workload: str, temperature: float, concurrency: int,
                 runs: Mapping[str, Sequence[Mapping[str, Any]]],
                 warmups: Mapping[str, Mapping[str, Any]] | None = None,
@@ -361,21 +388,10 @@ def build_point(ledger: Ledger, workload: str, temperature: float, concurrency: 
     arms_out: dict[str, Any] = {}
     starts = start_indices(runs)
 
-    def interval(e: stats.Estimate, digits: int) -> list[float]:
-        return [round(e.low, digits), round(e.high, digits)]
-
     for name, rs in runs.items():
         values = tps[name]
-        mean = stats.replicated_estimate(stats.start_means(values, starts)) if starts else stats.mean_estimate(values)
         result: dict[str, Any] = {
-            "output_tokens_per_s": {
-                "repeats": [round(v, r_tps) for v in values],
-                "median": round(statistics.median(values), r_tps),
-                "min": round(min(values), r_tps),
-                "max": round(max(values), r_tps),
-                "mean": round(mean.value, r_tps),
-                "ci95": interval(mean, r_tps),
-            },
+            "output_tokens_per_s": throughput_figures(values, starts, r_tps),
             "requests": sum(int(x["requests"]) for x in rs),
             "output_tokens": sum(int(x["output_tokens"]) for x in rs),
             "duration_s": round(sum(float(x["window_s"]) for x in rs), 3),
@@ -404,14 +420,7 @@ def build_point(ledger: Ledger, workload: str, temperature: float, concurrency: 
             for field_name, base in (("multiplier", ledger.baseline_arm_for(name)),
                                      ("multiplier_vs_matched", ledger.matched_baseline_for(name))):
                 if base in tps and statistics.fmean(tps[base]) > 0:
-                    if starts:
-                        per_start = stats.start_multipliers(values, tps[base], starts)
-                        m = stats.replicated_estimate(per_start)
-                        result[f"{field_name}_by_start"] = [round(v, r_mult) for v in per_start]
-                    else:
-                        m = stats.multiplier_estimate(values, tps[base])
-                    result[field_name] = round(m.value, r_mult)
-                    result[f"{field_name}_ci95"] = interval(m, r_mult)
+                    result.update(multiplier_figures(field_name, values, tps[base], starts, r_mult))
             done = (passes or {}).get(name)
             total: dict[str, Any] = {}
             for x in [done] if done else rs:

@@ -27,7 +27,7 @@ from specledger.ledger import Ledger, write_ledger
 from specledger.ledger.io import remove_stale_temporaries
 from specledger.ledger.model import SCHEMA_VERSION
 from specledger.ledger.selection import point_label
-from specledger.measure import engines, fingerprint, procedure
+from specledger.measure import engines, fingerprint, procedure, replication
 from specledger.render.tables import config_differences
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ class SuiteSession:
                  progress: Progress = print, command: str | None = None, only_missing: bool = False,
                  http: HTTPMode | None = None, force_busy: bool = False, adaptive: bool = True,
                  budget_s: float | None = None, trusted: bool = False, full_protocol: bool = False,
-                 kv_sizing: str = "default", starts: int = 1) -> None:
+                 kv_sizing: str = "default", starts: int = 1, add_start: bool = False) -> None:
         if http is not None and record:
             raise ValueError("HTTP mode verifies only: a ledger's figures are recorded with in-process engines "
                              "(over HTTP the tokens/s include the client and server overhead)")
@@ -77,6 +77,11 @@ class SuiteSession:
                              "to restart")
         self.starts = starts
         self._planned: dict[str, list[tuple[str, float, int]]] = {}
+        if add_start and (not record or only_missing):
+            raise ValueError("adding a start to recorded points needs --ledger-record, without --ledger-only-missing "
+                             "(which skips the points it would add to)")
+        self.add_start = add_start
+        self._starts_added: set[tuple[str, tuple[str, float, int]]] = set()
         self.results: list[tuple[str, Any]] = []
         self._machines: dict[str, dict[str, Any] | None] = {}
         self._arms: dict[str, dict[str, Any]] = {}
@@ -239,8 +244,9 @@ class SuiteSession:
 
     def _more_rule(self, ledger: Ledger, key: tuple[str, float, int]) -> procedure.MoreRule | None:
         """When a point gets more repeats: an inconclusive verdict (verify), or a CI wider than half the band
-        (record)."""
-        if not self.adaptive:
+        (record). None when this run's start joins others (``add_start``): the point's interval is then over its
+        starts, which more windows of this one start cannot narrow."""
+        if not self.adaptive or self.add_start:
             return None
         spec_arms = [a["name"] for a in ledger.speculative_arms()]
         if self.record:
@@ -374,6 +380,28 @@ class SuiteSession:
                       f"{m.point['repeats_added']} repeats added{over})")
 
     # -- recording ---------------------------------------------------------------------------------------
+    def _point_to_store(self, working: Ledger, measured: procedure.PointMeasurement) -> dict[str, Any]:
+        """The measured point, or with ``add_start`` the ledger's point with this run's start(s) added (once per
+        point: every arm's test stores the same measurement)."""
+        existing = working.find_point(*measured.key)
+        if not self.add_start or existing is None:
+            return measured.point
+        done = (working.id, measured.key)
+        if done in self._starts_added:
+            return existing
+        why = self.not_comparable(working, measured.key)
+        if why is not None:
+            raise replication.StartMismatch(f"{working.path}: point {point_label(measured.key)}: not added: {why}")
+        point = replication.add_start(working, existing, measured.point)
+        self._starts_added.add(done)
+        starts = len(set(replication.starts_of(next(iter(point["arms"].values())))))
+        summary = ", ".join(f"{name} x{res['multiplier']:.2f} ({res['multiplier_ci95'][0]:.2f}.."
+                            f"{res['multiplier_ci95'][1]:.2f})" for name, res in point["arms"].items()
+                            if "multiplier" in res)
+        self.progress(f"{working.id} {point_label(measured.key)}: this run's start added, {starts} starts in all: "
+                      f"{summary}")
+        return point
+
     def store(self, ledger: Ledger, measured: procedure.PointMeasurement) -> Path:
         """Upsert the point into the ledger and write it atomically right away: a crash loses one point."""
         self._stored.add((ledger.id, measured.key))
@@ -388,7 +416,7 @@ class SuiteSession:
         data = working.data
         points = [p for p in data.get("points", [])
                   if (p["workload"], p.get("temperature"), p.get("concurrency")) != measured.key]
-        points.append(measured.point)
+        points.append(self._point_to_store(working, measured))
         points.sort(key=lambda p: (p["workload"], p["temperature"], p["concurrency"]))
         data["points"] = points
         facts = procedure.arm_facts(working, self._infos[ledger.id])

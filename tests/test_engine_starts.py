@@ -1,0 +1,61 @@
+"""A point over several engine starts, with real CPU engines: two starts in one run, then a third added by another.
+
+Why real engines: `--ledger-starts` closes every vLLM engine and starts it again inside one pytest process, and
+`--ledger-add-start` joins a later run's windows to a recorded point. Either could work on fakes and fail on
+vLLM (an engine that does not free its memory, a counter that does not start from zero, a KV cache sized anew).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from repo_paths import ROOT
+from test_record_verify import MAX_TOKENS, PASS_PROMPTS, POINT, _pytest
+
+from specledger.ledger import load_ledger
+from specledger.ledger.migrate import replan_data
+
+pytestmark = pytest.mark.engine
+
+
+def test_a_point_gathers_engine_starts_within_a_run_and_across_runs(tmp_path: Path,
+                                                                    request: pytest.FixtureRequest) -> None:
+    committed = load_ledger(ROOT / "ledgers" / "cpu-smollm2.json").data
+    own = {k: v for k, v in committed["protocol"].items() if isinstance(v, dict)}
+    planned = replan_data(committed, {**own, "acceptance": {"from": "pass", "prompts": PASS_PROMPTS}})
+    planned["id"] = "engine-starts"
+    for workload in planned["workloads"]:  # short requests, as in test_record_verify: CI's CPU is slow
+        workload["max_tokens"] = MAX_TOKENS
+    source = tmp_path / "planned" / "engine-starts.json"
+    source.parent.mkdir()
+    source.write_text(json.dumps(planned, indent=1))
+    out = tmp_path / "recorded"
+
+    rc, log = _pytest(request.config, "--ledger", str(source), "--ledger-points", POINT, "--ledger-record",
+                      "--ledger-out", str(out), "--ledger-starts", "2")
+    assert rc == 0, log[-6000:]
+    assert "engine start 2 of 2: the arms start again" in log and "over 2 engine starts" in log, log[-6000:]
+    first = load_ledger(out / "engine-starts.json")
+    ngram = first.points[0]["arms"]["ngram"]
+    per_start = -(-int(own["repeats"]["min"]) // 2)
+    assert ngram["window"]["start"] == [0] * per_start + [1] * per_start
+    assert len(ngram["multiplier_by_start"]) == 2
+    assert ngram["multiplier_ci95"][0] <= ngram["multiplier"] <= ngram["multiplier_ci95"][1]
+    assert ngram["acceptance"]["requests"] == PASS_PROMPTS  # counted once, in the first start
+    assert first.points[0]["arms"]["baseline"]["window"]["start"] == ngram["window"]["start"]  # paired
+
+    rc, log = _pytest(request.config, "--ledger", str(out / "engine-starts.json"), "--ledger-points", POINT,
+                      "--ledger-record", "--ledger-add-start")
+    assert rc == 0, log[-6000:]
+    assert "this run's start added, 3 starts in all" in log, log[-6000:]
+    both = load_ledger(out / "engine-starts.json")
+    point = both.points[0]
+    ngram = point["arms"]["ngram"]
+    starts = ngram["window"]["start"]
+    assert starts[: 2 * per_start] == [0] * per_start + [1] * per_start and set(starts[2 * per_start:]) == {2}
+    assert len(ngram["multiplier_by_start"]) == 3 and ngram["multiplier_by_start"][:2] == \
+        first.points[0]["arms"]["ngram"]["multiplier_by_start"]
+    assert ngram["acceptance"]["requests"] == 2 * PASS_PROMPTS and point["latency_from_start"] == 2
+    assert [run["points"] for run in both.data["provenance"]["runs"]] == [[POINT], [POINT]]
