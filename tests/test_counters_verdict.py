@@ -658,42 +658,49 @@ class _FakeArm:
         self.alive = False
 
 
-def test_a_ledger_whose_arms_are_some_of_the_open_engines_shares_them_and_closes_the_rest(monkeypatch):
-    """The policy ledger's baseline and ngram are cpu-smollm2's arms: measured after it, cpu-smollm2 needs no
-    start (two minutes of CI on a slow CPU), and the policy arm closes first (idle engines take CPU). The
-    policy ledger, measured again, starts all of its arms again."""
+def _fake_engines(monkeypatch) -> list[list[_FakeArm]]:
+    """engines.start_arms replaced by fake arms (and the model by a name): each start's arms, in start order."""
     from specledger.measure import engines
-    from specledger.measure.session import SuiteSession
 
-    root = Path(__file__).resolve().parents[1]
-    policy = load_ledger(root / "ledgers" / "cpu-smollm2-policy.json")
-    plain = load_ledger(root / "ledgers" / "cpu-smollm2.json")
-    started: list[_FakeArm] = []
+    starts: list[list[_FakeArm]] = []
 
     def start_arms(specs, **_):
         arms = [_FakeArm(spec.name) for spec in specs]
         for arm, spec in zip(arms, specs, strict=True):
             arm.spec = spec
-        started.extend(arms)
+        starts.append(arms)
         return arms
 
     monkeypatch.setattr(engines, "start_arms", start_arms)
     monkeypatch.setattr("specledger.models.resolve_model", lambda _: "/models/smollm2")
+    return starts
+
+
+def test_a_ledger_whose_arms_are_some_of_the_open_engines_shares_them_and_closes_the_rest(monkeypatch):
+    """The policy ledger's baseline and ngram are cpu-smollm2's arms: measured after it, cpu-smollm2 needs no
+    start (two minutes of CI on a slow CPU), and the policy arm closes first (idle engines take CPU). The
+    policy ledger, measured again, starts all of its arms again."""
+    from specledger.measure.session import SuiteSession
+
+    root = Path(__file__).resolve().parents[1]
+    policy = load_ledger(root / "ledgers" / "cpu-smollm2-policy.json")
+    plain = load_ledger(root / "ledgers" / "cpu-smollm2.json")
+    starts = _fake_engines(monkeypatch)
     lines: list[str] = []
     session = SuiteSession(root=root, record=False, progress=lines.append)
     first = session.arms_for(policy)
-    assert sorted(first) == ["baseline", "ngram", "policy-ngram"] and len(started) == 3
+    assert sorted(first) == ["baseline", "ngram", "policy-ngram"] and sum(map(len, starts)) == 3
     shared = session.arms_for(plain)
-    assert sorted(shared) == ["baseline", "ngram"] and len(started) == 3
+    assert sorted(shared) == ["baseline", "ngram"] and sum(map(len, starts)) == 3
     assert shared["ngram"] is first["ngram"] and not first["policy-ngram"].alive and first["ngram"].alive
     assert session.time_breakdown(plain.id)["engines_shared_with"] == policy.id
     assert lines[-1] == ("cpu-smollm2: measured on the engines of cpu-smollm2-policy (the same arms: no second "
                          "start; closed policy-ngram, which it does not use)")
     again = session.arms_for(policy)  # its policy arm is gone: all three start again, the shared ones close
-    assert len(started) == 6 and again["baseline"] is not first["baseline"] and not first["baseline"].alive
+    assert sum(map(len, starts)) == 6 and again["baseline"] is not first["baseline"] and not first["baseline"].alive
     assert session.arms_for(plain) is not shared and session.arms_for(plain)["baseline"] is again["baseline"]
     session.close()
-    assert not any(arm.alive for arm in started)
+    assert not any(arm.alive for arms in starts for arm in arms)
 
 
 def test_progress_names_the_host_speed_and_visible_steal_only():
@@ -799,18 +806,9 @@ def test_a_verdict_over_starts_that_cannot_settle_says_how_many_starts_would():
 
 def _fake_starts(monkeypatch) -> tuple[list[list[_FakeArm]], list[tuple]]:
     """Engines that only count their starts, and a measure_point whose start s gives multiplier 1.3 + 0.2 s."""
-    from specledger.measure import engines
     from specledger.measure import session as session_module
 
-    starts_of_arms: list[list[_FakeArm]] = []
-
-    def start_arms(specs, **_):
-        arms = [_FakeArm(spec.name) for spec in specs]
-        for arm, spec in zip(arms, specs, strict=True):
-            arm.spec = spec
-        starts_of_arms.append(arms)
-        return arms
-
+    starts_of_arms = _fake_engines(monkeypatch)
     calls: list[tuple] = []
 
     def measure_point(led, arms, w, t, c, *, protocol, start, passes, **_):
@@ -825,8 +823,6 @@ def _fake_starts(monkeypatch) -> tuple[list[list[_FakeArm]], list[tuple]]:
         point["repeats_added"] = 0
         return procedure.PointMeasurement((w, t, c), point, {}, 1.0, runs=runs, warmups={}, passes=passes)
 
-    monkeypatch.setattr(engines, "start_arms", start_arms)
-    monkeypatch.setattr("specledger.models.resolve_model", lambda _: "/models/smollm2")
     monkeypatch.setattr(session_module.procedure, "measure_point", measure_point)
     monkeypatch.setattr(session_module.fingerprint, "sample_load", lambda _s: fingerprint.LoadSample(0.1, 0.0))
     return starts_of_arms, calls

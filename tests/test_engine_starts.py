@@ -7,30 +7,19 @@ vLLM (an engine that does not free its memory, a counter that does not start fro
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from repo_paths import ROOT
-from test_record_verify import MAX_TOKENS, PASS_PROMPTS, POINT, _pytest
+from test_record_verify import PASS_PROMPTS, POINT, _pytest, planned_cpu_ledger
 
 from specledger.ledger import load_ledger
-from specledger.ledger.migrate import replan_data
 
 pytestmark = pytest.mark.engine
 
 
 def test_a_point_gathers_engine_starts_within_a_run_and_across_runs(tmp_path: Path,
                                                                     request: pytest.FixtureRequest) -> None:
-    committed = load_ledger(ROOT / "ledgers" / "cpu-smollm2.json").data
-    own = {k: v for k, v in committed["protocol"].items() if isinstance(v, dict)}
-    planned = replan_data(committed, {**own, "acceptance": {"from": "pass", "prompts": PASS_PROMPTS}})
-    planned["id"] = "engine-starts"
-    for workload in planned["workloads"]:  # short requests, as in test_record_verify: CI's CPU is slow
-        workload["max_tokens"] = MAX_TOKENS
-    source = tmp_path / "planned" / "engine-starts.json"
-    source.parent.mkdir()
-    source.write_text(json.dumps(planned, indent=1))
+    source = planned_cpu_ledger(tmp_path, "engine-starts")
     out = tmp_path / "recorded"
 
     rc, log = _pytest(request.config, "--ledger", str(source), "--ledger-points", POINT, "--ledger-record",
@@ -39,7 +28,7 @@ def test_a_point_gathers_engine_starts_within_a_run_and_across_runs(tmp_path: Pa
     assert "engine start 2 of 2: the arms start again" in log and "over 2 engine starts" in log, log[-6000:]
     first = load_ledger(out / "engine-starts.json")
     ngram = first.points[0]["arms"]["ngram"]
-    per_start = -(-int(own["repeats"]["min"]) // 2)
+    per_start = -(-int(first.protocol["repeats"]["min"]) // 2)
     assert ngram["window"]["start"] == [0] * per_start + [1] * per_start
     assert len(ngram["multiplier_by_start"]) == 2
     assert ngram["multiplier_ci95"][0] <= ngram["multiplier"] <= ngram["multiplier_ci95"][1]
@@ -55,7 +44,8 @@ def test_a_point_gathers_engine_starts_within_a_run_and_across_runs(tmp_path: Pa
     ngram = point["arms"]["ngram"]
     starts = ngram["window"]["start"]
     assert starts[: 2 * per_start] == [0] * per_start + [1] * per_start and set(starts[2 * per_start:]) == {2}
-    assert len(ngram["multiplier_by_start"]) == 3 and ngram["multiplier_by_start"][:2] == \
-        first.points[0]["arms"]["ngram"]["multiplier_by_start"]
+    # recomputed from the repeats as the ledger keeps them (0.1 tok/s): at ~10 tok/s the last digits may move
+    assert len(ngram["multiplier_by_start"]) == 3 and ngram["multiplier_by_start"][:2] == pytest.approx(
+        first.points[0]["arms"]["ngram"]["multiplier_by_start"], rel=0.01)
     assert ngram["acceptance"]["requests"] == 2 * PASS_PROMPTS and point["latency_from_start"] == 2
     assert [run["points"] for run in both.data["provenance"]["runs"]] == [[POINT], [POINT]]

@@ -45,21 +45,27 @@ def _pytest(config: pytest.Config, *args: str) -> tuple[int, str]:
     return proc.wait(timeout=60), "\n".join(lines)
 
 
-def test_a_point_recorded_here_verifies_here(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def planned_cpu_ledger(tmp_path: Path, ledger_id: str) -> Path:
+    """cpu-smollm2 replanned (no figures) as `ledger_id`, for a CI-sized recording; returns its path."""
     committed = load_ledger(ROOT / "ledgers" / "cpu-smollm2.json").data
     own = {k: v for k, v in committed["protocol"].items() if isinstance(v, dict)}
     # a pass over 16 of the 43 copy prompts: as exact as all of them, and 2 x ~50 s less of CI on a slow CPU
     planned = replan_data(committed, {**own, "acceptance": {"from": "pass", "prompts": PASS_PROMPTS}})
-    planned["id"] = "record-verify"
+    planned["id"] = ledger_id
     # Requests of 16 tokens, not the ledger's 64: windows are sized in request latencies, and on a CPU without
     # AVX-512 (five times slower than the recording machine, with 12-29% repeat spreads that take a point to
     # the cap of 11 repeats) 32 tokens cost about 20 minutes of CI's 90. The protocol is the committed one;
     # only the point is another.
     for workload in planned["workloads"]:
         workload["max_tokens"] = MAX_TOKENS
-    source = tmp_path / "planned" / "record-verify.json"
+    source = tmp_path / "planned" / f"{ledger_id}.json"
     source.parent.mkdir()
     source.write_text(json.dumps(planned, indent=1))
+    return source
+
+
+def test_a_point_recorded_here_verifies_here(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    source = planned_cpu_ledger(tmp_path, "record-verify")
     out = tmp_path / "recorded"
 
     rc, log = _pytest(request.config, "--ledger", str(source), "--ledger-points", POINT, "--ledger-record",

@@ -9,10 +9,11 @@ its starts (``stats.replicated_estimate``). A point recorded before starts were 
 
 Only what the ledger stores can be combined. Repeats and their per-window figures are concatenated; throughput,
 multipliers and their intervals are recomputed over the starts (``procedure.throughput_figures``,
-``procedure.multiplier_figures``, the one home of both); request counts, tokens and seconds add up; acceptance
-counts from passes over the same prompts add up; lossless counts add up. Latency percentiles and the warm-up
-cannot be combined from percentiles, so they are the added start's (the newest host state), and the point's
-``latency_from_start`` says which start that is.
+``procedure.multiplier_figures``, the one home of both) from the repeats as the ledger keeps them, rounded, so an
+earlier start's multiplier may move in its last digits (at 10 tok/s, kept to 0.1, by up to half a percent);
+request counts, tokens and seconds add up; acceptance counts from passes over the same prompts add up; lossless
+counts add up. Latency percentiles and the warm-up cannot be combined from percentiles, so they are the added
+start's (the newest host state), and the point's ``latency_from_start`` says which start that is.
 """
 
 from __future__ import annotations
