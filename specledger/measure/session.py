@@ -369,15 +369,19 @@ class SuiteSession:
             self._cache[(ledger.id, k)] = m
             self._announce(ledger, k, m)
 
-    def _announce(self, ledger: Ledger, key: tuple[str, float, int], m: procedure.PointMeasurement) -> None:
-        summary = ", ".join(
+    @staticmethod
+    def _multipliers(point: dict[str, Any]) -> str:
+        """`ngram x1.42 (1.33..1.49) L=4.45, ...`: a point's drafters for a progress line."""
+        return ", ".join(
             f"{name} x{res['multiplier']:.2f} ({res['multiplier_ci95'][0]:.2f}..{res['multiplier_ci95'][1]:.2f})"
             + (f" L={res['acceptance']['acceptance_length']:.2f}" if res.get("acceptance") else "")
-            for name, res in m.point["arms"].items() if "multiplier" in res)
-        starts = len(set((next(iter(m.point["arms"].values()), {}).get("window") or {}).get("start") or []))
+            for name, res in point["arms"].items() if "multiplier" in res)
+
+    def _announce(self, ledger: Ledger, key: tuple[str, float, int], m: procedure.PointMeasurement) -> None:
+        starts = len(set(replication.starts_of(next(iter(m.point["arms"].values())))))
         over = f", over {starts} engine starts" if starts > 1 else ""
-        self.progress(f"{ledger.id} {key[0]} T={key[1]:g} c={key[2]}: {summary} ({m.wall_s:.1f} s, "
-                      f"{m.point['repeats_added']} repeats added{over})")
+        self.progress(f"{ledger.id} {key[0]} T={key[1]:g} c={key[2]}: {self._multipliers(m.point)} "
+                      f"({m.wall_s:.1f} s, {m.point['repeats_added']} repeats added{over})")
 
     # -- recording ---------------------------------------------------------------------------------------
     def _point_to_store(self, working: Ledger, measured: procedure.PointMeasurement) -> dict[str, Any]:
@@ -395,11 +399,8 @@ class SuiteSession:
         point = replication.add_start(working, existing, measured.point)
         self._starts_added.add(done)
         starts = len(set(replication.starts_of(next(iter(point["arms"].values())))))
-        summary = ", ".join(f"{name} x{res['multiplier']:.2f} ({res['multiplier_ci95'][0]:.2f}.."
-                            f"{res['multiplier_ci95'][1]:.2f})" for name, res in point["arms"].items()
-                            if "multiplier" in res)
         self.progress(f"{working.id} {point_label(measured.key)}: this run's start added, {starts} starts in all: "
-                      f"{summary}")
+                      f"{self._multipliers(point)}")
         return point
 
     def store(self, ledger: Ledger, measured: procedure.PointMeasurement) -> Path:
