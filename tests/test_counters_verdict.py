@@ -557,6 +557,15 @@ def test_a_later_run_with_another_kv_capacity_is_said_and_each_run_keeps_its_own
     assert "kv_cache_tokens" not in procedure.merge_runs(None, {"date": "d"}, "c", ["copy:0:1"])[0]
 
 
+def test_a_run_that_added_its_start_to_a_point_shares_it_with_the_runs_before():
+    """--ledger-add-start: the earlier run still holds windows of the point, so both runs name it; a point this
+    run recorded anew moves to it, as before."""
+    prior = {"runs": [{"started": "a", "points": ["copy:0:1", "copy:0:2"]}]}
+    runs = procedure.merge_runs(prior, {"date": "d"}, "b", ["copy:0:1", "copy:0:2"], shared=["copy:0:1"])
+    assert [(r["started"], r["points"]) for r in runs] == [("a", ["copy:0:1"]), ("b", ["copy:0:1", "copy:0:2"])]
+    assert procedure.run_of_point({"runs": runs}, "copy:0:1")["started"] == "a"  # the first run that holds it
+
+
 def test_a_point_is_compared_against_the_machine_of_the_run_that_recorded_it(monkeypatch):
     from specledger.measure.session import SuiteSession
 

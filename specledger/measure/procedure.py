@@ -491,7 +491,8 @@ _RUN_KEYS = ("date", "git_commit", "command", "wall_s", "machine", "time_s")
 
 
 def merge_runs(previous: Mapping[str, Any] | None, current: Mapping[str, Any], started: str,
-               recorded: Sequence[str], kv_cache_tokens: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
+               recorded: Sequence[str], kv_cache_tokens: Mapping[str, int] | None = None,
+               shared: Sequence[str] = ()) -> list[dict[str, Any]]:
     """``provenance.runs`` after this run: one entry per recording run with the points it holds.
 
     A ledger extended or resumed by a later run (another visit, another day, maybe another machine)
@@ -499,12 +500,14 @@ def merge_runs(previous: Mapping[str, Any] | None, current: Mapping[str, Any], s
     provenance becomes its first entry), a point measured again moves to this run, and a run left
     holding no point drops out. ``started`` tells this run's entry apart across its own stores.
     ``kv_cache_tokens`` (arm -> tokens) keeps the KV capacity each arm had in this run (see kv_cache_drift).
+    ``shared`` names the points this run added its engine start to (``--ledger-add-start``): their earlier runs
+    still hold windows of them, so they keep them too.
     """
     prior = [dict(r) for r in (previous or {}).get("runs") or []]
     if not prior and previous and previous.get("date"):
         prior = [{"started": previous["date"], **{k: previous[k] for k in _RUN_KEYS if k in previous},
                   "points": None}]  # None: every point that no later run claims
-    mine = set(recorded)
+    mine = set(recorded) - set(shared)
     out: list[dict[str, Any]] = []
     for run in prior:
         if run.get("started") == started:
@@ -514,7 +517,7 @@ def merge_runs(previous: Mapping[str, Any] | None, current: Mapping[str, Any], s
             if not run["points"]:
                 continue
         out.append(run)
-    entry = {"started": started, **{k: current[k] for k in _RUN_KEYS if k in current}, "points": sorted(mine)}
+    entry = {"started": started, **{k: current[k] for k in _RUN_KEYS if k in current}, "points": sorted(recorded)}
     if kv_cache_tokens:
         entry["kv_cache_tokens"] = {name: int(tokens) for name, tokens in kv_cache_tokens.items()}
     out.append(entry)

@@ -433,7 +433,8 @@ class SuiteSession:
         prov["time_s"] = self.time_breakdown(ledger.id)
         recorded = [point_label(key) for (lid, key) in self._stored if lid == ledger.id]
         kv_tokens = {name: fact["kv_cache"]["tokens"] for name, fact in facts.items() if fact["kv_cache"].get("tokens")}
-        prov["runs"] = procedure.merge_runs(previous, prov, self._started_at, recorded, kv_tokens)
+        shared = [point_label(key) for (lid, key) in self._starts_added if lid == ledger.id]
+        prov["runs"] = procedure.merge_runs(previous, prov, self._started_at, recorded, kv_tokens, shared)
         data["provenance"] = prov
         target = self._target_path(ledger)
         write_ledger(target, data, overwrite=True)
