@@ -109,12 +109,6 @@ def _repeats(point: Mapping[str, Any], arm: str | None) -> list[float] | None:
     return [float(v) for v in values] if values and len(values) >= 2 else None
 
 
-def _starts(point: Mapping[str, Any], arm: str, n: int) -> list[int]:
-    """Each repeat's engine start (``window.start``); all one start where the point does not say."""
-    starts = (((point.get("arms") or {}).get(arm) or {}).get("window") or {}).get("start")
-    return [int(s) for s in starts] if starts and len(starts) == n else [0] * n
-
-
 def _replicated_verdicts(ledger: Ledger, arm: str, base: str | None, committed: Mapping[str, Any],
                          measured: Mapping[str, Any]) -> list[FigureVerdict] | None:
     """The verdicts over engine starts, where one side has two or more (None: both are one start each).
@@ -126,7 +120,8 @@ def _replicated_verdicts(ledger: Ledger, arm: str, base: str | None, committed: 
     mine_f, mine_c = _repeats(measured, arm), _repeats(committed, arm)
     if not mine_f or not mine_c:
         return None
-    starts_f, starts_c = _starts(measured, arm, len(mine_f)), _starts(committed, arm, len(mine_c))
+    starts_f = figures.engine_starts(measured["arms"].get(arm))
+    starts_c = figures.engine_starts(committed["arms"].get(arm))
     n_f, n_c = len(set(starts_f)), len(set(starts_c))
     if max(n_f, n_c) < 2:
         return None

@@ -26,6 +26,7 @@ __all__ = [
     "Centres",
     "decimals_of",
     "decimals_word",
+    "engine_starts",
     "eps",
     "half_unit",
     "is_v3",
@@ -204,3 +205,10 @@ def throughput_spread(arm_result: Mapping[str, Any] | None) -> float | None:
     if low is None or high is None or not median:
         return None
     return (high - low) / median
+
+
+def engine_starts(arm_result: Mapping[str, Any] | None) -> list[int]:
+    """Each repeat's engine start (``window.start``); a point recorded before starts were kept is all start 0."""
+    n = len(((arm_result or {}).get("output_tokens_per_s") or {}).get("repeats") or [])
+    starts = ((arm_result or {}).get("window") or {}).get("start")
+    return [int(s) for s in starts] if starts and len(starts) == n else [0] * n

@@ -23,19 +23,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from specledger.errors import SpecledgerError
-from specledger.ledger import Ledger
+from specledger.ledger import Ledger, figures
 from specledger.measure import counters, procedure
 
 
 class StartMismatch(SpecledgerError, ValueError):
     """The added start cannot join the point: another protocol version or other arms."""
-
-
-def starts_of(arm_result: Mapping[str, Any]) -> list[int]:
-    """Each repeat's engine start (``window.start``); a point recorded before starts were kept is start 0."""
-    n = len(arm_result["output_tokens_per_s"]["repeats"])
-    starts = (arm_result.get("window") or {}).get("start")
-    return [int(s) for s in starts] if starts and len(starts) == n else [0] * n
 
 
 def _acceptance(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None, k: int | None,
@@ -79,9 +72,9 @@ def add_start(ledger: Ledger, committed: Mapping[str, Any], measured: Mapping[st
         raise StartMismatch(f"{ledger.path}: point {label}: committed arms {sorted(committed['arms'])}, measured "
                             f"{sorted(measured['arms'])}: every start measures every arm")
     first = next(iter(committed["arms"]))
-    old_starts = starts_of(committed["arms"][first])
+    old_starts = figures.engine_starts(committed["arms"][first])
     offset = max(old_starts) + 1
-    new_starts = [offset + s for s in starts_of(measured["arms"][first])]
+    new_starts = [offset + s for s in figures.engine_starts(measured["arms"][first])]
     starts = old_starts + new_starts
     rounding = ledger.rounding
     tps = {name: [float(v) for v in committed["arms"][name]["output_tokens_per_s"]["repeats"]]
@@ -89,7 +82,7 @@ def add_start(ledger: Ledger, committed: Mapping[str, Any], measured: Mapping[st
     arms: dict[str, Any] = {}
     for name, old in committed["arms"].items():
         new = measured["arms"][name]
-        if starts_of(old) != old_starts:
+        if figures.engine_starts(old) != old_starts:
             raise StartMismatch(f"{ledger.path}: point {label}: arm {name} has other engine starts than {first}")
         result: dict[str, Any] = copy.deepcopy(dict(new))
         result["output_tokens_per_s"] = procedure.throughput_figures(tps[name], starts, rounding["output_tokens_per_s"])

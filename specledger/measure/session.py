@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from specledger.analysis import verdict
 from specledger.errors import SpecledgerError
-from specledger.ledger import Ledger, write_ledger
+from specledger.ledger import Ledger, figures, write_ledger
 from specledger.ledger.io import remove_stale_temporaries
 from specledger.ledger.model import SCHEMA_VERSION
 from specledger.ledger.selection import point_label
@@ -264,7 +264,7 @@ class SuiteSession:
         committed = ledger.find_point(*key)
         if committed is None or self.not_comparable(ledger, key) is not None:
             return None
-        if any(len(set((arm.get("window") or {}).get("start") or [])) > 1 for arm in committed["arms"].values()):
+        if any(len(set(figures.engine_starts(arm))) > 1 for arm in committed["arms"].values()):
             return None  # judged over engine starts: more windows of this one start cannot settle it
 
         def unsettled(point: dict[str, Any], _: int) -> bool:
@@ -378,7 +378,7 @@ class SuiteSession:
             for name, res in point["arms"].items() if "multiplier" in res)
 
     def _announce(self, ledger: Ledger, key: tuple[str, float, int], m: procedure.PointMeasurement) -> None:
-        starts = len(set(replication.starts_of(next(iter(m.point["arms"].values())))))
+        starts = len(set(figures.engine_starts(next(iter(m.point["arms"].values())))))
         over = f", over {starts} engine starts" if starts > 1 else ""
         self.progress(f"{ledger.id} {key[0]} T={key[1]:g} c={key[2]}: {self._multipliers(m.point)} "
                       f"({m.wall_s:.1f} s, {m.point['repeats_added']} repeats added{over})")
@@ -398,7 +398,7 @@ class SuiteSession:
             raise replication.StartMismatch(f"{working.path}: point {point_label(measured.key)}: not added: {why}")
         point = replication.add_start(working, existing, measured.point)
         self._starts_added.add(done)
-        starts = len(set(replication.starts_of(next(iter(point["arms"].values())))))
+        starts = len(set(figures.engine_starts(next(iter(point["arms"].values())))))
         self.progress(f"{working.id} {point_label(measured.key)}: this run's start added, {starts} starts in all: "
                       f"{self._multipliers(point)}")
         return point
