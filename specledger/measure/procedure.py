@@ -376,14 +376,33 @@ def multiplier_figures(field_name: str, values: Sequence[float], base: Sequence[
     return {field_name: round(m.value, digits), f"{field_name}_ci95": _interval(m, digits), **out}
 
 
+def arm_multipliers(ledger: Ledger, name: str, tps: Mapping[str, Sequence[float]],
+                    starts: Sequence[int] | None) -> dict[str, Any]:
+    """A drafting arm's ``multiplier`` against its baseline and ``multiplier_vs_matched`` against its matched
+    baseline, each where that arm was measured (``multiplier_figures``)."""
+    out: dict[str, Any] = {}
+    for field_name, base in (("multiplier", ledger.baseline_arm_for(name)),
+                             ("multiplier_vs_matched", ledger.matched_baseline_for(name))):
+        if base in tps and statistics.fmean(tps[base]) > 0:
+            out.update(multiplier_figures(field_name, tps[name], tps[base], starts, ledger.rounding["multiplier"]))
+    return out
+
+
+def rounded_acceptance(acc: dict[str, Any], rounding: Mapping[str, int]) -> dict[str, Any]:
+    """``counters.acceptance`` figures rounded as the ledger states (length, rate, per-position rates)."""
+    acc["acceptance_length"] = round(acc["acceptance_length"], rounding["acceptance_length"])
+    acc["acceptance_rate"] = round(acc["acceptance_rate"], rounding["acceptance_rate"])
+    acc["per_position"] = [round(v, rounding["acceptance_rate"]) for v in acc["per_position"]]
+    return acc
+
+
 def build_point(ledger: Ledger, workload: str, temperature: float, concurrency: int,
                 runs: Mapping[str, Sequence[Mapping[str, Any]]],
                 warmups: Mapping[str, Mapping[str, Any]] | None = None,
                 passes: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """Turn raw windows (and acceptance passes) into the ledger's v3 point object, rounded as the ledger states."""
     rounding = ledger.rounding
-    r_tps, r_mult = rounding["output_tokens_per_s"], rounding["multiplier"]
-    r_len, r_rate = rounding["acceptance_length"], rounding["acceptance_rate"]
+    r_tps = rounding["output_tokens_per_s"]
     tps = {name: [float(x["output_tokens_per_s"]) for x in rs] for name, rs in runs.items()}
     arms_out: dict[str, Any] = {}
     starts = start_indices(runs)
@@ -417,10 +436,7 @@ def build_point(ledger: Ledger, workload: str, temperature: float, concurrency: 
             result["request_time_s"] = {t: [round(x[t], 5) for x in times] for t in timed}
         arm = ledger.arm(name)
         if arm["role"] in ("speculative", "policy"):
-            for field_name, base in (("multiplier", ledger.baseline_arm_for(name)),
-                                     ("multiplier_vs_matched", ledger.matched_baseline_for(name))):
-                if base in tps and statistics.fmean(tps[base]) > 0:
-                    result.update(multiplier_figures(field_name, values, tps[base], starts, r_mult))
+            result.update(arm_multipliers(ledger, name, tps, starts))
             done = (passes or {}).get(name)
             total: dict[str, Any] = {}
             for x in [done] if done else rs:
@@ -432,10 +448,7 @@ def build_point(ledger: Ledger, workload: str, temperature: float, concurrency: 
                 if done:
                     acc["requests"] = int(done["requests"])
                     acc["seconds"] = round(float(done["seconds"]), 2)
-                acc["acceptance_length"] = round(acc["acceptance_length"], r_len)
-                acc["acceptance_rate"] = round(acc["acceptance_rate"], r_rate)
-                acc["per_position"] = [round(v, r_rate) for v in acc["per_position"]]
-                result["acceptance"] = acc
+                result["acceptance"] = rounded_acceptance(acc, rounding)
                 result["speculative_tokens_per_step"] = round(acc["draft_tokens"] / acc["drafts"], 3)
             base = ledger.baseline_arm_for(name)
             if float(temperature) == 0.0 and base in runs:

@@ -42,13 +42,9 @@ def _acceptance(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None, k:
     acc = counters.acceptance(counters.add(old, new), k)
     if acc is None:
         return copy.deepcopy(dict(new))
-    rounding = ledger.rounding
     acc.update({"from": "pass", "requests": int(old["requests"]) + int(new["requests"]),
                 "seconds": round(float(old.get("seconds", 0.0)) + float(new.get("seconds", 0.0)), 2)})
-    acc["acceptance_length"] = round(acc["acceptance_length"], rounding["acceptance_length"])
-    acc["acceptance_rate"] = round(acc["acceptance_rate"], rounding["acceptance_rate"])
-    acc["per_position"] = [round(v, rounding["acceptance_rate"]) for v in acc["per_position"]]
-    return acc
+    return procedure.rounded_acceptance(acc, ledger.rounding)
 
 
 def _lossless(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -103,11 +99,7 @@ def add_start(ledger: Ledger, committed: Mapping[str, Any], measured: Mapping[st
                 result.pop(key, None)
         arm = ledger.arm(name)
         if arm["role"] in ("speculative", "policy"):
-            for field_name, base in (("multiplier", ledger.baseline_arm_for(name)),
-                                     ("multiplier_vs_matched", ledger.matched_baseline_for(name))):
-                if base in tps and sum(tps[base]) > 0:
-                    result.update(procedure.multiplier_figures(field_name, tps[name], tps[base], starts,
-                                                               rounding["multiplier"]))
+            result.update(procedure.arm_multipliers(ledger, name, tps, starts))
             k = (arm.get("speculative_config") or {}).get("num_speculative_tokens")
             acc = _acceptance(old.get("acceptance"), new.get("acceptance"), k, ledger)
             result.pop("acceptance", None)
