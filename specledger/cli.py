@@ -605,6 +605,46 @@ def cmd_replan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _pool_starts_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("ledger", metavar="LEDGER", help="a measured ledger whose points have engine starts")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("-o", "--out", metavar="FILE", help="write the ledger here")
+    where.add_argument("--in-place", action="store_true", help="rewrite LEDGER itself")
+    parser.add_argument("--force", action="store_true", help="replace FILE if it exists")
+
+
+@command(
+    "pool-starts",
+    "pool each arm's between-engine-start spread over the ledger's points and take every interval with it "
+    "(derived figures only: no measured figure changes; a recording does the same whenever it stores a point)",
+    _pool_starts_arguments,
+)
+def cmd_pool_starts(args: argparse.Namespace) -> int:
+    import copy
+
+    from specledger.ledger import write_ledger
+    from specledger.measure.replication import pool_start_intervals
+
+    path, source = _load_one(args.ledger)
+    working = Ledger(source.path, copy.deepcopy(source.data))
+    pool_start_intervals(working)
+    target = Path(path) if args.in_place else Path(args.out)
+    try:
+        write_ledger(target, working.data, overwrite=args.in_place or args.force)
+    except FileExistsError:
+        raise _UsageError(f"-o {args.out}: exists; pass --force to replace it") from None
+    except LedgerError as e:
+        raise _LedgerProblems(e) from None
+    spread = working.data.get("start_spread") or {}
+    for arm, by_figure in spread.items():
+        for figure, s in by_figure.items():
+            print(f"{target}: {arm} {figure}: between-start sd {s['log_sd']:.4f} in logs, "
+                  f"{s['df']} degrees of freedom over {s['points']} points")
+    if not spread:
+        print(f"{target}: no point has two engine starts; intervals left as measured")
+    return EXIT_OK
+
+
 @command(
     "migrate",
     "rewrite schema version 1 ledgers as version 2 (points marked protocol_version 1, no figure changed); "

@@ -36,8 +36,8 @@ import numpy as np
 from scipy import stats
 
 __all__ = ["Estimate", "Verdict", "mean_estimate", "multiplier", "multiplier_change", "multiplier_estimate",
-           "predicted_change_half_width", "replicated_change", "replicated_estimate", "resolvable",
-           "start_means", "start_multipliers", "throughput_change", "verdict"]
+           "pooled_start_spread", "predicted_change_half_width", "replicated_change", "replicated_estimate",
+           "resolvable", "StartSpread", "start_means", "start_multipliers", "throughput_change", "verdict"]
 
 Values = Sequence[float] | np.ndarray
 #: scipy >= 1.15 takes the generator as `rng` (SPEC 7); older ones only as `random_state`.
@@ -238,9 +238,47 @@ def _logs(name: str, figures: Sequence[float]) -> np.ndarray:
     return np.log(x)
 
 
-def replicated_estimate(per_start: Sequence[float], *, confidence: float = 0.95) -> Estimate:
-    """Geometric mean of per-start figures (multipliers or tokens/s) with a t interval over the starts."""
+@dataclass(frozen=True)
+class StartSpread:
+    """The spread of a figure's logs between engine starts, pooled over a ledger's points (one arm, one figure).
+
+    Why: each visit measures a whole curve in one start, so a point rarely has more than 2-3 starts, and a t
+    interval over 2 starts has 1 degree of freedom (t = 12.7): honest, and useless. Every point of a visit shares
+    that visit's host state, though, so the points are groups of one experiment, and their within-group
+    variances pool as in a one-way ANOVA (the residual mean square): `df` is the sum of (starts - 1) over the
+    points. It assumes the between-start spread in logs is alike across the arm's points."""
+
+    log_sd: float
+    df: int
+    points: int
+
+
+def pooled_start_spread(groups: Sequence[Sequence[float]]) -> StartSpread | None:
+    """The pooled between-start spread of per-start figures, one group per point (None: no point has 2 starts)."""
+    logs = [_logs("per-start figures", g) for g in groups if len(g) >= 2]
+    df = sum(x.size - 1 for x in logs)
+    if df < 1:
+        return None
+    ss = sum(float(((x - x.mean()) ** 2).sum()) for x in logs)
+    return StartSpread(math.sqrt(ss / df), int(df), len(logs))
+
+
+def _t_interval(centre_log: float, se_log: float, df: int, confidence: float) -> tuple[float, float]:
+    q = float(stats.t.ppf((1 + confidence) / 2, df))
+    return centre_log - q * se_log, centre_log + q * se_log
+
+
+def replicated_estimate(per_start: Sequence[float], *, spread: StartSpread | None = None,
+                        confidence: float = 0.95) -> Estimate:
+    """Geometric mean of per-start figures (multipliers or tokens/s) with a t interval over the starts.
+
+    With ``spread`` (the ledger's pooled between-start spread) the interval takes its variance and degrees of
+    freedom from there, so it also serves a point of one start; without, from this point's own starts."""
     logs = _logs("per-start figures", per_start)
+    if spread is not None and logs.size >= 1:
+        centre = float(logs.mean())
+        low, high = _t_interval(centre, spread.log_sd / math.sqrt(logs.size), spread.df, confidence)
+        return Estimate(float(np.exp(centre)), float(np.exp(low)), float(np.exp(high)), int(logs.size), confidence)
     if logs.size < 2:
         raise ValueError(f"an interval over engine starts needs at least 2 starts, got {logs.size}")
     value = float(np.exp(logs.mean()))
@@ -251,14 +289,23 @@ def replicated_estimate(per_start: Sequence[float], *, confidence: float = 0.95)
 
 
 def replicated_change(fresh_per_start: Sequence[float], committed_per_start: Sequence[float], *,
-                      confidence: float = 0.95) -> Estimate:
+                      spread: StartSpread | None = None, confidence: float = 0.95) -> Estimate:
     """fresh / committed - 1 of per-start figures, as a ratio of geometric means, with a pooled-variance t interval.
 
     Pooled: both sides are starts of one procedure on one machine type, so one variance serves both, and a single
     fresh start (a nightly run) is compared with the committed starts as a new replication: its interval is the
-    committed spread times sqrt(1 + 1/n), with n - 1 degrees of freedom. `n` of the result is the fresh starts."""
+    committed spread times sqrt(1 + 1/n), with n - 1 degrees of freedom. With ``spread`` (the committed ledger's,
+    pooled over its points) the variance and degrees of freedom come from there, and the fresh starts' own
+    deviations join it; then one start on each side is enough. `n` of the result is the fresh starts."""
     f, c = _logs("fresh per-start figures", fresh_per_start), _logs("committed per-start figures",
                                                                      committed_per_start)
+    if spread is not None and f.size >= 1 and c.size >= 1:
+        ss = spread.log_sd ** 2 * spread.df + float(((f - f.mean()) ** 2).sum())
+        df = spread.df + f.size - 1
+        centre = float(f.mean() - c.mean())
+        low, high = _t_interval(centre, math.sqrt(ss / df) * math.sqrt(1 / f.size + 1 / c.size), df, confidence)
+        return Estimate(float(np.exp(centre) - 1), float(np.exp(low) - 1), float(np.exp(high) - 1), int(f.size),
+                        confidence)
     if f.size < 1 or c.size < 1 or f.size + c.size < 3:
         raise ValueError(f"a change across engine starts needs 3 starts in all, got {f.size} fresh and {c.size} "
                          "committed")

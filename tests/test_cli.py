@@ -154,3 +154,27 @@ def test_cli_never_imports_vllm_or_engines():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "BAD []" in result.stdout
+
+
+def test_pool_starts_rewrites_only_derived_intervals_and_refuses_to_overwrite_unasked(tmp_path, capsys):
+    """The committed Qwen ledger has points of two engine starts: pooling again gives the same ledger (it was pooled
+    when written), the measured figures never move, and an existing -o file needs --force."""
+    source = ROOT / "ledgers" / "h200-qwen2.5-coder-1.5b.json"
+    out = tmp_path / "pooled.json"
+    assert main(["pool-starts", str(source), "-o", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "ngram multiplier: between-start sd" in said and "degrees of freedom over 4 points" in said
+    before, after = json.loads(source.read_text()), json.loads(out.read_text())
+    assert after == before
+    assert main(["pool-starts", str(source), "-o", str(out)]) == 2
+    assert "pass --force" in capsys.readouterr().err
+    for point in after["points"]:  # an interval as if the spread had not been pooled: put back
+        point["arms"]["ngram"]["multiplier_ci95"] = [0.1, 9.9]
+    out.write_text(json.dumps(after))
+    assert main(["pool-starts", str(out), "--in-place"]) == 0
+    assert json.loads(out.read_text()) == before
+    modules = subprocess.run([sys.executable, "-c", "import sys; from specledger.cli import main; "
+                              f"main(['pool-starts', {str(source)!r}, '-o', {str(tmp_path / 'x.json')!r}]); "
+                              "print('BAD', [m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')])"],
+                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert "BAD []" in modules.stdout, modules.stderr

@@ -929,6 +929,84 @@ def test_a_start_added_to_a_point_recorded_in_one_start_makes_two():
     assert third["arms"]["spec"]["multiplier_by_start"] == [1.299, 1.503, 1.503]
 
 
+def _two_start_curve(ledger: Ledger, per_point: list[tuple[int, list[tuple[list[float], list[float]]]]]) -> None:
+    """Points at the given concurrencies, each from the (baseline, spec) windows of its starts, into the ledger."""
+    workload = ledger.data["workloads"][0]["name"]
+    ledger.data["points"] = [procedure.build_point(ledger, workload, 0.0, c, _started_runs(starts))
+                             if len(starts) > 1 else procedure.build_point(ledger, workload, 0.0, c, _runs(*starts[0]))
+                             for c, starts in per_point]
+    for point in ledger.data["points"]:
+        point["arms"]["spec"]["acceptance"]["acceptance_length"] = 3.0
+
+
+def test_the_between_start_spread_pools_over_a_ledgers_points_and_sets_every_interval():
+    """Three points of two starts whose multipliers differ by about 10% between starts, and one point of one start:
+    the spread pools to 3 degrees of freedom, each two-start point's interval narrows from t with 1 degree of freedom
+    to t with 3, the one-start point's window bootstrap (1% wide) widens to the between-start spread, and the
+    centres stay as measured. Run again, it changes nothing."""
+    from specledger.measure import replication
+
+    ledger = _ledger_with_arms()
+    _two_start_curve(ledger, [
+        (1, [([100, 101], [150, 151.5]), ([100, 101], [165, 166.6])]),
+        (2, [([200, 202], [260, 262.6]), ([200, 202], [238, 240.4])]),
+        (4, [([300, 303], [330, 333.3]), ([300, 303], [360, 363.6])]),
+        (8, [([400, 404, 398, 402], [440, 446.6, 436.2, 443.8])]),
+    ])
+    before = copy.deepcopy(ledger.data["points"])
+    replication.pool_start_intervals(ledger)
+    spread = ledger.data["start_spread"]
+    assert set(spread) == {"baseline", "spec"} and spread["spec"]["multiplier"]["df"] == 3
+    assert spread["spec"]["multiplier"]["points"] == 3 and 0.03 < spread["spec"]["multiplier"]["log_sd"] < 0.1
+    for old, new in zip(before, ledger.data["points"], strict=True):
+        o, n = old["arms"]["spec"], new["arms"]["spec"]
+        assert n["multiplier"] == o["multiplier"]
+        assert n["output_tokens_per_s"]["mean"] == o["output_tokens_per_s"]["mean"]
+        assert n["multiplier_ci95"][0] <= n["multiplier"] <= n["multiplier_ci95"][1]
+        new_width, old_width = (ci[1] / ci[0] for ci in (n["multiplier_ci95"], o["multiplier_ci95"]))
+        if "multiplier_by_start" in o:
+            assert new_width < old_width
+        else:
+            assert new_width > old_width > 1.0
+    _schema_valid(ledger, ledger.data["points"][0])
+    again = copy.deepcopy(ledger.data)
+    replication.pool_start_intervals(ledger)
+    assert ledger.data == again
+    ledger.data["points"] = ledger.data["points"][3:]  # no point of two starts left: no spread, nothing pooled
+    replication.pool_start_intervals(ledger)
+    assert "start_spread" not in ledger.data
+
+
+def test_with_the_ledgers_pooled_spread_a_point_of_one_start_is_verified_over_starts():
+    """The committed point was recorded in one start, and so is the nightly run; the ledger's other points showed
+    about 10% between starts. Without the spread the windows of the two starts (1% each) would call a 15% move
+    changed; with it, the verdict counts engine starts and does not, and a 40% fall is still changed."""
+    from specledger.measure import replication
+
+    ledger = _ledger_with_arms()
+    ledger.data["tolerances"] = {"multiplier_rel": 0.1, "acceptance_length_abs": 0.2, "output_tokens_per_s_rel": 0.5}
+    _two_start_curve(ledger, [
+        (1, [([100, 101], [150, 151.5]), ([100, 101], [165, 166.6])]),
+        (2, [([200, 202], [260, 262.6]), ([200, 202], [238, 240.4])]),
+        (4, [([300, 303], [330, 333.3]), ([300, 303], [360, 363.6])]),
+        (8, [([400, 404, 398, 402], [440, 446.6, 436.2, 443.8])]),
+    ])
+    committed = ledger.data["points"][3]
+    workload = ledger.data["workloads"][0]["name"]
+    fresh = procedure.build_point(ledger, workload, 0.0, 8, _runs([400, 404, 398, 402], [506, 512.2, 501.5, 510.4]))
+    fresh["arms"]["spec"]["acceptance"]["acceptance_length"] = 3.0
+    window_level = verdict.compare_point(ledger, "spec", committed, fresh)
+    assert window_level.figure("multiplier").verdict.unit != "engine starts"
+    assert window_level.outcome == "changed"  # the windows of one start each: a 15% move looks certain
+    replication.pool_start_intervals(ledger)
+    pooled = verdict.compare_point(ledger, "spec", committed, fresh)
+    multiplier = pooled.figure("multiplier")
+    assert multiplier.verdict.unit == "engine starts" and pooled.outcome != "changed", pooled.message("t")
+    fell = procedure.build_point(ledger, workload, 0.0, 8, _runs([400, 404, 398, 402], [264, 266.6, 262.7, 265.3]))
+    fell["arms"]["spec"]["acceptance"]["acceptance_length"] = 3.0
+    assert verdict.compare_point(ledger, "spec", committed, fell).outcome == "changed"
+
+
 def test_passes_over_other_prompts_are_not_summed_and_starts_of_other_shapes_are_refused():
     from specledger.measure import replication
 

@@ -22,16 +22,21 @@ def _story(log: str) -> str:
     return "\n".join(line for line in log.splitlines() if "INFO" not in line and "WARNING" not in line)[-8000:]
 
 
-@pytest.mark.xfail(strict=False, reason="intermittent: in one of three runs on 2026-12-03 the add-start run's baseline "
-                   "arm failed and the message was cut off; two reruns passed (issue 14 note). Run, reported, not "
-                   "gating CI until the cause is known")
+#: The busy check refuses to record while other processes load the CPU (the first arm's test fails with BusyMachine,
+#: and the next arm's test, finding the machine idle again, measures and records the point). That was the
+#: intermittent failure of the add-start run (baseline failed, ngram passed): reproduced twice on 2026-12-03 with
+#: another pytest running beside it ("other processes used 59-67% of CPU capacity"). It is a refusal by design, not
+#: what this test is about, so the children record anyway and the points are marked busy when it fires.
+FORCE_BUSY = "--ledger-force-busy"
+
+
 def test_a_point_gathers_engine_starts_within_a_run_and_across_runs(tmp_path: Path,
                                                                     request: pytest.FixtureRequest) -> None:
     source = planned_cpu_ledger(tmp_path, "engine-starts")
     out = tmp_path / "recorded"
 
     rc, log = _pytest(request.config, "--ledger", str(source), "--ledger-points", POINT, "--ledger-record",
-                      "--ledger-out", str(out), "--ledger-starts", "2")
+                      "--ledger-out", str(out), "--ledger-starts", "2", FORCE_BUSY)
     assert rc == 0, _story(log)
     assert "engine start 2 of 2: the arms start again" in log and "over 2 engine starts" in log, _story(log)
     first = load_ledger(out / "engine-starts.json")
@@ -44,7 +49,7 @@ def test_a_point_gathers_engine_starts_within_a_run_and_across_runs(tmp_path: Pa
     assert first.points[0]["arms"]["baseline"]["window"]["start"] == ngram["window"]["start"]  # paired
 
     rc, log = _pytest(request.config, "--ledger", str(out / "engine-starts.json"), "--ledger-points", POINT,
-                      "--ledger-record", "--ledger-add-start")
+                      "--ledger-record", "--ledger-add-start", FORCE_BUSY)
     assert rc == 0, _story(log)
     assert "this run's start added, 3 starts in all" in log, _story(log)
     both = load_ledger(out / "engine-starts.json")

@@ -311,6 +311,61 @@ def test_a_fresh_start_of_an_unchanged_machine_type_is_covered_at_the_stated_con
     assert 0.9 <= covered / trials <= 0.99, covered
 
 
+def test_a_spread_pooled_over_a_curves_points_covers_each_point_with_far_narrower_intervals():
+    """Six points of a curve, two starts each (a visit measures the whole curve in one start), host state drawn per
+    start: each point's own t interval has 1 degree of freedom (t = 12.7) and is very wide; the spread pooled over
+    the six points gives 6 degrees of freedom, and still covers each point's multiplier about as often as it claims.
+    A point of one start gets an interval from the pooled spread too, and it covers as claimed, where the window
+    bootstrap of that start does not."""
+    truths, trials = [1.9, 1.5, 1.1, 1.0, 1.4, 1.8], 150
+    own = pooled = single = 0
+    own_width, pooled_width = [], []
+    for trial in range(trials):
+        per_point = []
+        for j, truth in enumerate(truths):
+            spec, base, starts = started_sample(1000 * trial + j, 2, 6, truth, between=0.08, within=0.05)
+            per_point.append((truth, stats.start_multipliers(spec, base, starts)))
+        spread = stats.pooled_start_spread([per_start for _, per_start in per_point])
+        assert spread is not None and spread.df == len(truths) and spread.points == len(truths)
+        for truth, per_start in per_point:
+            e, p = stats.replicated_estimate(per_start), stats.replicated_estimate(per_start, spread=spread)
+            own += e.low <= truth <= e.high
+            pooled += p.low <= truth <= p.high
+            own_width.append(e.high / e.low)
+            pooled_width.append(p.high / p.low)
+        truth, per_start = per_point[0]
+        one = stats.replicated_estimate(per_start[:1], spread=spread)
+        single += one.low <= truth <= one.high
+    n = trials * len(truths)
+    assert 0.9 <= pooled / n <= 0.99, pooled
+    assert 0.9 <= own / n <= 0.995, own
+    assert np.median(pooled_width) < 0.5 * np.median(own_width), (np.median(pooled_width), np.median(own_width))
+    assert 0.88 <= single / trials <= 1.0, single
+
+
+def test_with_a_pooled_spread_one_fresh_start_is_judged_against_one_committed_start():
+    """Nightly: one fresh start against a point recorded in one start, nothing changed; the ledger's spread pooled
+    over its other points (here 5 points of 2 starts) lets the change's interval cover 0 about as claimed."""
+    covered, trials = 0, 300
+    for trial in range(trials):
+        groups = [stats.start_multipliers(*started_sample(10 * trial + j, 2, 4, 1.4, between=0.08, within=0.05))
+                  for j in range(5)]
+        spread = stats.pooled_start_spread(groups)
+        c = stats.start_multipliers(*started_sample(10 * trial + 7, 1, 4, 1.4, between=0.08, within=0.05))
+        f = stats.start_multipliers(*started_sample(10 * trial + 8, 1, 4, 1.4, between=0.08, within=0.05))
+        e = stats.replicated_change(f, c, spread=spread)
+        covered += e.low <= 0 <= e.high
+    assert 0.9 <= covered / trials <= 0.99, covered
+
+
+def test_a_pooled_spread_is_the_within_group_mean_square_of_the_logs():
+    s = stats.pooled_start_spread([[1.0, math.e ** 0.2], [2.0], [3.0, 3.0 * math.e ** -0.2, 3.0 * math.e ** 0.2]])
+    # logs' deviations: (+-0.1) and (0, -0.2, +0.2): SS = 0.02 + 0.08 over df = 1 + 2
+    assert s is not None and (s.df, s.points) == (3, 2)
+    assert s.log_sd == pytest.approx(math.sqrt(0.1 / 3))
+    assert stats.pooled_start_spread([[1.2], [1.4]]) is None
+
+
 @given(st.lists(st.floats(0.2, 5.0), min_size=2, max_size=8), st.floats(0.1, 10.0))
 def test_scaling_every_start_scales_the_replicated_estimate(per_start, c):
     e, scaled = stats.replicated_estimate(per_start), stats.replicated_estimate([c * x for x in per_start])
@@ -342,6 +397,7 @@ def test_identical_starts_give_the_point_as_both_bounds():
 @pytest.mark.parametrize(("call", "message"), [
     (lambda: stats.replicated_estimate([1.4]), "at least 2 starts"),
     (lambda: stats.replicated_change([1.4], [1.3]), "3 starts in all"),
+    (lambda: stats.pooled_start_spread([[1.4, -1.0]]), "positive and finite"),
     (lambda: stats.replicated_estimate([1.4, 0.0]), "positive and finite"),
     (lambda: stats.start_multipliers([1.0, 2.0], [1.0, 2.0], [0]), "one start index per repeat"),
 ])

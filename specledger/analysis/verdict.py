@@ -111,11 +111,13 @@ def _repeats(point: Mapping[str, Any], arm: str | None) -> list[float] | None:
 
 def _replicated_verdicts(ledger: Ledger, arm: str, base: str | None, committed: Mapping[str, Any],
                          measured: Mapping[str, Any]) -> list[FigureVerdict] | None:
-    """The verdicts over engine starts, where one side has two or more (None: both are one start each).
+    """The verdicts over engine starts, where one side has two or more or the ledger pools a between-start spread
+    (None: neither; then the windows of the one start on each side are compared).
 
     Each start is one replication: the fresh starts' figures against the committed starts', Student's t with the
     variance pooled (stats.replicated_change), so a single nightly start is judged against the spread the
-    committed starts showed, not against the windows of one host state."""
+    committed starts showed, not against the windows of one host state. Where the ledger keeps ``start_spread``
+    (pooled over its points), that spread and its degrees of freedom serve every point, one start each included."""
     tol = ledger.tolerances
     mine_f, mine_c = _repeats(measured, arm), _repeats(committed, arm)
     if not mine_f or not mine_c:
@@ -123,27 +125,34 @@ def _replicated_verdicts(ledger: Ledger, arm: str, base: str | None, committed: 
     starts_f = figures.engine_starts(measured["arms"].get(arm))
     starts_c = figures.engine_starts(committed["arms"].get(arm))
     n_f, n_c = len(set(starts_f)), len(set(starts_c))
-    if max(n_f, n_c) < 2:
+    spread_m = figures.start_spread(ledger.data, arm, "multiplier")
+    spread_t = figures.start_spread(ledger.data, arm, "output_tokens_per_s")
+    if max(n_f, n_c) < 2 and spread_m is None and spread_t is None:
         return None
 
-    def estimate(per_start: list[float], values: list[float], base_values: list[float] | None) -> stats.Estimate:
-        if len(per_start) >= 2:
-            return stats.replicated_estimate(per_start)
+    def estimate(per_start: list[float], values: list[float], base_values: list[float] | None,
+                 spread: stats.StartSpread | None) -> stats.Estimate:
+        if len(per_start) >= 2 or spread is not None:
+            return stats.replicated_estimate(per_start, spread=spread)
         return stats.multiplier_estimate(values, base_values) if base_values else stats.mean_estimate(values)
 
     out: list[FigureVerdict] = []
     base_f, base_c = _repeats(measured, base), _repeats(committed, base)
-    if base_f and base_c and len(mine_f) == len(base_f) and len(mine_c) == len(base_c):
+    if base_f and base_c and len(mine_f) == len(base_f) and len(mine_c) == len(base_c) \
+            and (spread_m is not None or max(n_f, n_c) >= 2):
         per_f = stats.start_multipliers(mine_f, base_f, starts_f)
         per_c = stats.start_multipliers(mine_c, base_c, starts_c)
-        out.append(FigureVerdict("multiplier", estimate(per_f, mine_f, base_f), estimate(per_c, mine_c, base_c),
-                                 stats.verdict(stats.replicated_change(per_f, per_c), float(tol["multiplier_rel"]),
-                                               n_fresh=n_f, unit="engine starts")))
-    per_f, per_c = stats.start_means(mine_f, starts_f), stats.start_means(mine_c, starts_c)
-    out.append(FigureVerdict(f"{arm} output tokens/s", estimate(per_f, mine_f, None), estimate(per_c, mine_c, None),
-                             stats.verdict(stats.replicated_change(per_f, per_c),
-                                           float(tol["output_tokens_per_s_rel"]), n_fresh=n_f,
-                                           unit="engine starts")))
+        out.append(FigureVerdict("multiplier", estimate(per_f, mine_f, base_f, spread_m),
+                                 estimate(per_c, mine_c, base_c, spread_m),
+                                 stats.verdict(stats.replicated_change(per_f, per_c, spread=spread_m),
+                                               float(tol["multiplier_rel"]), n_fresh=n_f, unit="engine starts")))
+    if spread_t is not None or max(n_f, n_c) >= 2:
+        per_f, per_c = stats.start_means(mine_f, starts_f), stats.start_means(mine_c, starts_c)
+        out.append(FigureVerdict(f"{arm} output tokens/s", estimate(per_f, mine_f, None, spread_t),
+                                 estimate(per_c, mine_c, None, spread_t),
+                                 stats.verdict(stats.replicated_change(per_f, per_c, spread=spread_t),
+                                               float(tol["output_tokens_per_s_rel"]), n_fresh=n_f,
+                                               unit="engine starts")))
     return out
 
 

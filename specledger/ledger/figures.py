@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -27,6 +27,7 @@ __all__ = [
     "decimals_of",
     "decimals_word",
     "engine_starts",
+    "start_spread",
     "eps",
     "half_unit",
     "is_v3",
@@ -97,13 +98,23 @@ def is_v3(point: Mapping[str, Any]) -> bool:
     return point.get("protocol_version") == 3
 
 
-def throughput_centre(thr: Mapping[str, Any] | None, v3: bool) -> float | None:
+def throughput_centre(thr: Mapping[str, Any] | None, v3: bool, starts: Sequence[int] | None = None) -> float | None:
     """The output tokens/s a multiplier divides: for v3 the mean (of the repeats, the rawer figure, else
-    as stated: both within half a unit of the exact mean), else the median."""
+    as stated: both within half a unit of the exact mean), else the median. Over two or more engine starts
+    (``starts``, one per repeat) it is the geometric mean of the starts' means, as recorded: then the ratio of two
+    arms' centres is the geometric mean of the per-start multipliers, the point's multiplier."""
     thr = thr or {}
     if not v3:
         return thr.get("median")
-    return statistics.fmean(thr["repeats"]) if thr.get("repeats") else thr.get("mean")
+    repeats = thr.get("repeats")
+    if not repeats:
+        return thr.get("mean")
+    if starts is not None and len(starts) == len(repeats) and len(set(starts)) >= 2:
+        by_start: dict[int, list[float]] = {}
+        for value, start in zip(repeats, starts, strict=True):
+            by_start.setdefault(int(start), []).append(float(value))
+        return statistics.geometric_mean(statistics.fmean(v) for v in by_start.values())
+    return statistics.fmean(repeats)
 
 
 class Centres(NamedTuple):
@@ -122,8 +133,9 @@ def multiplier_centres(point: Mapping[str, Any], arm: str, base: str | None) -> 
     if base is None:
         return None
     v3 = is_v3(point)
-    spec = throughput_centre((point["arms"].get(arm) or {}).get("output_tokens_per_s"), v3)
-    baseline = throughput_centre((point["arms"].get(base) or {}).get("output_tokens_per_s"), v3)
+    spec_arm, base_arm = point["arms"].get(arm) or {}, point["arms"].get(base) or {}
+    spec = throughput_centre(spec_arm.get("output_tokens_per_s"), v3, engine_starts(spec_arm))
+    baseline = throughput_centre(base_arm.get("output_tokens_per_s"), v3, engine_starts(base_arm))
     if spec is None or baseline is None:
         return None
     return Centres(spec, baseline, "mean" if v3 else "median")
@@ -205,6 +217,19 @@ def throughput_spread(arm_result: Mapping[str, Any] | None) -> float | None:
     if low is None or high is None or not median:
         return None
     return (high - low) / median
+
+
+def start_spread(data: Mapping[str, Any], arm: str, figure: str) -> Any:
+    """The ledger's pooled between-start spread of one arm's figure (a ``stats.StartSpread``), or None.
+
+    ``figure``: "multiplier", "multiplier_vs_matched" or "output_tokens_per_s"; written by
+    ``replication.pool_start_intervals`` whenever a recording stores a point."""
+    found = ((data.get("start_spread") or {}).get(arm) or {}).get(figure)
+    if not found:
+        return None
+    from specledger.stats import StartSpread  # scipy: loaded only where a spread is read
+
+    return StartSpread(float(found["log_sd"]), int(found["df"]), int(found["points"]))
 
 
 def engine_starts(arm_result: Mapping[str, Any] | None) -> list[int]:

@@ -349,7 +349,8 @@ def start_indices(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[int] 
     return starts if len(set(starts)) >= 2 else None
 
 
-def _interval(e: stats.Estimate, digits: int) -> list[float]:
+def rounded_interval(e: stats.Estimate, digits: int) -> list[float]:
+    """[low, high] rounded as the ledger states its figure."""
     return [round(e.low, digits), round(e.high, digits)]
 
 
@@ -359,7 +360,7 @@ def throughput_figures(values: Sequence[float], starts: Sequence[int] | None, di
     mean = stats.replicated_estimate(stats.start_means(values, starts)) if starts else stats.mean_estimate(values)
     return {"repeats": [round(v, digits) for v in values], "median": round(statistics.median(values), digits),
             "min": round(min(values), digits), "max": round(max(values), digits),
-            "mean": round(mean.value, digits), "ci95": _interval(mean, digits)}
+            "mean": round(mean.value, digits), "ci95": rounded_interval(mean, digits)}
 
 
 def multiplier_figures(field_name: str, values: Sequence[float], base: Sequence[float],
@@ -373,7 +374,7 @@ def multiplier_figures(field_name: str, values: Sequence[float], base: Sequence[
         out[f"{field_name}_by_start"] = [round(v, digits) for v in per_start]
     else:
         m = stats.multiplier_estimate(values, base)
-    return {field_name: round(m.value, digits), f"{field_name}_ci95": _interval(m, digits), **out}
+    return {field_name: round(m.value, digits), f"{field_name}_ci95": rounded_interval(m, digits), **out}
 
 
 def arm_multipliers(ledger: Ledger, name: str, tps: Mapping[str, Sequence[float]],

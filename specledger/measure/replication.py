@@ -14,6 +14,11 @@ earlier start's multiplier may move in its last digits (at 10 tok/s, kept to 0.1
 request counts, tokens and seconds add up; acceptance counts from passes over the same prompts add up; lossless
 counts add up. Latency percentiles and the warm-up cannot be combined from percentiles, so they are the added
 start's (the newest host state), and the point's ``latency_from_start`` says which start that is.
+
+Two or three starts per point give a t interval with one or two degrees of freedom. Every point of a visit shares
+that visit's host state, so the between-start spread is pooled over the ledger's points, per arm and figure
+(``pool_start_intervals``): every interval of that arm and figure then has the pooled degrees of freedom, a point
+of one start included, and the ledger keeps the spread (``start_spread``) for verification.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from specledger import stats
 from specledger.errors import SpecledgerError
 from specledger.ledger import Ledger, figures
 from specledger.measure import counters, procedure
@@ -118,3 +124,61 @@ def add_start(ledger: Ledger, committed: Mapping[str, Any], measured: Mapping[st
     if committed.get("busy") or measured.get("busy"):
         point["busy"] = True
     return point
+
+
+#: The figures whose per-start values pool: each drafting arm's multipliers and every arm's throughput.
+POOLED_FIGURES = ("multiplier", "multiplier_vs_matched", "output_tokens_per_s")
+
+
+def per_start_figures(ledger: Ledger, point: Mapping[str, Any], name: str) -> dict[str, list[float]]:
+    """Each engine start's figure of arm ``name`` at a stored point, from the repeats as the ledger keeps them."""
+    arms = point["arms"]
+    result = arms[name]
+    values = [float(v) for v in (result.get("output_tokens_per_s") or {}).get("repeats") or []]
+    if not values:
+        return {}
+    starts = figures.engine_starts(result)
+    out = {"output_tokens_per_s": stats.start_means(values, starts)}
+    for field_name in ("multiplier", "multiplier_vs_matched"):
+        base = ledger.baseline_arm_for(name) if field_name == "multiplier" else ledger.matched_baseline_for(name)
+        base_values = [float(v) for v in ((arms.get(base) or {}).get("output_tokens_per_s") or {}).get("repeats")
+                       or []]
+        if field_name in result and len(base_values) == len(values):  # paired window by window
+            out[field_name] = stats.start_multipliers(values, base_values, starts)
+    return out
+
+
+def pool_start_intervals(ledger: Ledger) -> None:
+    """Pool each arm's between-start spread over the ledger's points and take every interval of that arm with it.
+
+    Writes ``start_spread`` (or drops it when no point has two starts) and rewrites the ``ci95`` of each pooled
+    figure at every point; the centres stay as measured. Derived figures only: run again, it gives the same."""
+    data = ledger.data
+    per_point = [(point, {name: per_start_figures(ledger, point, name) for name in point["arms"]})
+                 for point in data.get("points", []) if figures.is_v3(point)]
+    spreads: dict[str, dict[str, stats.StartSpread]] = {}
+    for name in (arm["name"] for arm in data["arms"]):
+        for field_name in POOLED_FIGURES:
+            groups = [found[name][field_name] for _, found in per_point
+                      if field_name in found.get(name, {}) and min(found[name][field_name]) > 0]
+            spread = stats.pooled_start_spread(groups)
+            if spread is not None:
+                spreads.setdefault(name, {})[field_name] = spread
+    data.pop("start_spread", None)
+    if not spreads:
+        return
+    data["start_spread"] = {name: {f: {"log_sd": round(s.log_sd, 4), "df": s.df, "points": s.points}
+                                   for f, s in by_figure.items()} for name, by_figure in spreads.items()}
+    rounding = ledger.rounding
+    for point, found in per_point:
+        for name, by_figure in found.items():
+            result = point["arms"][name]
+            for field_name, per_start in by_figure.items():
+                spread = spreads.get(name, {}).get(field_name)
+                if spread is None or min(per_start) <= 0:
+                    continue
+                e = stats.replicated_estimate(per_start, spread=spread)
+                if field_name == "output_tokens_per_s":
+                    result[field_name]["ci95"] = procedure.rounded_interval(e, rounding["output_tokens_per_s"])
+                else:
+                    result[f"{field_name}_ci95"] = procedure.rounded_interval(e, rounding["multiplier"])

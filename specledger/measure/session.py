@@ -420,6 +420,7 @@ class SuiteSession:
         points.append(self._point_to_store(working, measured))
         points.sort(key=lambda p: (p["workload"], p["temperature"], p["concurrency"]))
         data["points"] = points
+        replication.pool_start_intervals(working)  # every interval over the starts, spread pooled over the points
         facts = procedure.arm_facts(working, self._infos[ledger.id])
         for arm in data["arms"]:
             arm.update(facts.get(arm["name"], {}))

@@ -171,6 +171,10 @@ def _crossing_gid(arm: str, workload: str, temperature: float | None) -> str:
     return f"crossing|{arm}|{workload}|{temperature_label(temperature)}"
 
 
+#: What a v3 interval is once the ledger pools its between-start spread (replication.pool_start_intervals).
+_OVER_STARTS = "95% CI over engine starts (t, between-start spread pooled over the points)"
+
+
 def _legend_title(bar_kinds: set[str], crossed: bool) -> str | None:
     """Say what the bars and X markers are, only when the panel has them."""
     parts = [f"bars: {kind}" for kind in sorted(bar_kinds)]
@@ -277,7 +281,7 @@ def multiplier_figure(ledger: Ledger) -> Figure:
                     low, high, what = spread
                     ax.vlines(c * nudge, low, high, color=color, alpha=0.5, linewidth=2.5, zorder=2)
                     top = max(top, high * 1.05)
-                    bar_kinds.add(what)
+                    bar_kinds.add(_OVER_STARTS if what == figures.CI_BAR and ledger.data.get("start_spread") else what)
             if row is not None and row["kind"] == "crosses":
                 crossed = True
                 ax.plot(

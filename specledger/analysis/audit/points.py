@@ -8,7 +8,16 @@ from typing import Any
 
 from specledger.analysis.audit.base import Auditor, Parts, num
 from specledger.ledger import figures
-from specledger.ledger.figures import decimals_word, eps, is_v3, multiplier_centres, ratio_interval, rounds_to
+from specledger.ledger.figures import (
+    decimals_word,
+    engine_starts,
+    eps,
+    is_v3,
+    multiplier_centres,
+    ratio_interval,
+    rounds_to,
+    throughput_centre,
+)
 
 
 def check_points(a: Auditor) -> None:
@@ -19,7 +28,8 @@ def check_points(a: Auditor) -> None:
             parts: Parts = ["points", i, "arms", arm_name]
             thr = result.get("output_tokens_per_s")
             if thr is not None:
-                throughput(a, [*parts, "output_tokens_per_s"], thr, rounding["output_tokens_per_s"])
+                throughput(a, [*parts, "output_tokens_per_s"], thr, rounding["output_tokens_per_s"],
+                           engine_starts(result))
             for field, base in (
                 ("multiplier", a.ledger.baseline_arm_for(arm_name)),
                 ("multiplier_vs_matched", a.ledger.matched_baseline_for(arm_name)),
@@ -65,13 +75,15 @@ def intervals(a: Auditor, parts: Parts, result: dict[str, Any]) -> None:
                      f"interval {num(low)}..{num(high)} does not hold the {what} {num(value)} it bounds")
 
 
-def throughput(a: Auditor, parts: Parts, thr: dict[str, Any], decimals: int) -> None:
+def throughput(a: Auditor, parts: Parts, thr: dict[str, Any], decimals: int,
+               starts: list[int] | None = None) -> None:
     """median/min/max (and mean) agree with the repeats, ordered.
 
     The repeats are stored rounded, as is each summary of the exact values, so the slack is what
     rounding allows and no more: none for min, max and the median of an odd count (each is one of
     the repeats, rounded alike), half a unit for the median of an even count (a mean of two),
-    one unit for the mean (its own rounding and that of the repeats).
+    one unit for the mean (its own rounding and that of the repeats). Over two or more engine starts the mean is
+    the geometric mean of the starts' means (``throughput_centre``).
     """
     median, low, high, repeats = thr.get("median"), thr.get("min"), thr.get("max"), thr.get("repeats")
     unit = 10.0**-decimals
@@ -80,7 +92,7 @@ def throughput(a: Auditor, parts: Parts, thr: dict[str, Any], decimals: int) -> 
             ("median", statistics.median(repeats), 0.0 if len(repeats) % 2 else unit / 2),
             ("min", min(repeats), 0.0),
             ("max", max(repeats), 0.0),
-            ("mean", statistics.fmean(repeats), unit),
+            ("mean", throughput_centre(thr, True, starts), unit),
         ):
             stated = thr.get(field)
             if stated is not None and abs(stated - exact) > slack + eps(exact) + eps(unit):
