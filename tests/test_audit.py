@@ -514,7 +514,7 @@ def test_request_times_must_match_the_repeats(small):
 def _v3(small: dict, spread: float, *, n: int = 5, max_repeats: int = 12, tolerance: float = 0.15) -> dict:
     """The small ledger re-recorded with protocol v3: n paired repeats per arm spread ±spread around each
     median (spec and base in opposite order, so the ratio varies), multipliers and intervals from
-    specledger.stats as measure/procedure.py writes them. The matched arm is left out of the points."""
+    specledger.stats as measure/recording.py writes them. The matched arm is left out of the points."""
     small["schema_version"] = 2
     small["protocol"] = {"version": 3, "window": {"min_s": 10.0, "min_rounds": 4},
                          "warmup": {"max_windows": 4, "agree_rel": 0.1},

@@ -15,7 +15,7 @@ from repo_paths import ROOT
 from specledger.analysis import verdict
 from specledger.ledger import Ledger, dump_ledger, load_ledger, parse_ledger, selection
 from specledger.ledger.model import DEFAULT_PROTOCOL
-from specledger.measure import counters, driver, fingerprint, procedure
+from specledger.measure import counters, driver, fingerprint, procedure, recording
 from specledger.render import tables
 
 
@@ -234,7 +234,7 @@ def _schema_valid(ledger: Ledger, point: dict) -> None:
 def test_build_point_multiplier_is_the_paired_ratio_of_means_with_its_ci():
     ledger = _ledger_with_arms()
     workload = ledger.data["workloads"][0]["name"]
-    point = procedure.build_point(ledger, workload, 0.0, 2, _runs([100, 110, 90, 105, 95], [150, 168, 133, 160, 139]))
+    point = recording.build_point(ledger, workload, 0.0, 2, _runs([100, 110, 90, 105, 95], [150, 168, 133, 160, 139]))
     spec = point["arms"]["spec"]
     assert point["protocol_version"] == 3
     assert spec["multiplier"] == pytest.approx(round(750 / 500, 3))
@@ -259,7 +259,7 @@ def test_build_point_keeps_each_windows_cpu_shares_host_speed_and_clock():
         window.update(cpu_steal_share=0.01 * i, cpu_busy_share=0.5, host_slice_ms=12.0 + 10 * (i % 2),
                       opened_unix_s=1_796_000_000.0 + 30 * i)
     runs["spec"][2]["cpu_steal_share"] = 0.3  # the other windows of this arm have none: no list for it
-    point = procedure.build_point(ledger, workload, 0.0, 2, runs)
+    point = recording.build_point(ledger, workload, 0.0, 2, runs)
     assert point["arms"]["baseline"]["window"]["cpu_steal_share"] == [0.0, 0.01, 0.02, 0.03, 0.04]
     assert point["arms"]["baseline"]["window"]["cpu_busy_share"] == [0.5] * 5
     assert point["arms"]["baseline"]["window"]["host_slice_ms"] == [12.0, 22.0, 12.0, 22.0, 12.0]
@@ -272,11 +272,11 @@ def test_acceptance_comes_from_the_pass_when_there_is_one():
     ledger = _ledger_with_arms()
     workload = ledger.data["workloads"][0]["name"]
     runs = _runs([100, 110, 90, 105, 95], [150, 168, 133, 160, 139])  # windows: L = 3.0
-    windows = procedure.build_point(ledger, workload, 0.0, 2, runs)["arms"]["spec"]["acceptance"]
+    windows = recording.build_point(ledger, workload, 0.0, 2, runs)["arms"]["spec"]["acceptance"]
     assert windows["from"] == "windows" and windows["acceptance_length"] == pytest.approx(3.0)
     done = {"requests": 43, "seconds": 12.345, "counters": {"drafts": 40, "draft_tokens": 160, "accepted_tokens": 100,
                                                            "accepted_per_position": [40, 30, 20, 10]}}
-    point = procedure.build_point(ledger, workload, 0.0, 2, runs, passes={"spec": done})
+    point = recording.build_point(ledger, workload, 0.0, 2, runs, passes={"spec": done})
     acc = point["arms"]["spec"]["acceptance"]
     assert acc["from"] == "pass" and acc["requests"] == 43 and acc["seconds"] == 12.35
     assert acc["acceptance_length"] == pytest.approx(1 + 100 / 40) and acc["drafts"] == 40
@@ -313,9 +313,9 @@ def test_build_point_names_the_first_divergence_from_the_baseline():
     ledger = _ledger_with_arms()
     workload = ledger.data["workloads"][0]["name"]
     runs = _runs([100, 110, 90], [150, 130, 170], spec_outputs={"0": [1, 2, 3], "1": [4, 6, 9]})
-    same = procedure.build_point(ledger, workload, 0.0, 2, runs)["arms"]["spec"]["lossless"]
+    same = recording.build_point(ledger, workload, 0.0, 2, runs)["arms"]["spec"]["lossless"]
     assert same["identical"] == 1 and same["first_divergence"] == {"prompt_index": 1, "token_index": 1}
-    assert "lossless" not in procedure.build_point(ledger, workload, 1.0, 2, runs)["arms"]["spec"]  # only at T=0
+    assert "lossless" not in recording.build_point(ledger, workload, 1.0, 2, runs)["arms"]["spec"]  # only at T=0
 
 
 def test_build_point_keeps_request_times_per_repeat_only_when_every_repeat_has_them():
@@ -325,7 +325,7 @@ def test_build_point_keeps_request_times_per_repeat_only_when_every_repeat_has_t
     for i, run in enumerate(runs["spec"]):
         run["request_time_s"] = {"engine": 0.1 * (i + 1), "end_to_end": 0.123456789}
     runs["baseline"][0]["request_time_s"] = {"engine": 0.2}
-    point = procedure.build_point(ledger, workload, 0.0, 2, runs)
+    point = recording.build_point(ledger, workload, 0.0, 2, runs)
     assert point["arms"]["spec"]["request_time_s"] == {"engine": [0.1, 0.2, 0.3, 0.4, 0.5],
                                                        "end_to_end": [0.12346] * 5}
     assert "request_time_s" not in point["arms"]["baseline"]
@@ -361,7 +361,7 @@ def test_config_differences_ignore_the_drafter_itself():
 def _v3_point(base, spec, length=3.0):
     ledger = _ledger_with_arms()
     workload = ledger.data["workloads"][0]["name"]
-    point = procedure.build_point(ledger, workload, 0.0, 2, _runs(base, spec))
+    point = recording.build_point(ledger, workload, 0.0, 2, _runs(base, spec))
     point["arms"]["spec"]["acceptance"]["acceptance_length"] = length
     return point
 
@@ -519,23 +519,23 @@ def test_a_policy_bar_is_asserted_on_the_recording_machine_and_shown_elsewhere()
 
 def test_runs_keep_who_measured_which_point_across_resumed_recordings():
     legacy = {"date": "2026-12-01T14:22:37+00:00", "git_commit": "b0661a0", "machine": {"cpu_model": "A"}}
-    first = procedure.merge_runs(legacy, {"date": "d2", "git_commit": "c2", "machine": {"cpu_model": "B"}},
+    first = recording.merge_runs(legacy, {"date": "d2", "git_commit": "c2", "machine": {"cpu_model": "B"}},
                                "2026-12-02T10:00:00+00:00", ["copy:1:1"])
     assert [r["points"] for r in first] == [None, ["copy:1:1"]]
     assert first[0]["git_commit"] == "b0661a0" and first[1]["machine"] == {"cpu_model": "B"}
     # the same run stores again (one more point): still one entry for it
-    again = procedure.merge_runs({**legacy, "runs": first}, {"date": "d3"}, "2026-12-02T10:00:00+00:00",
+    again = recording.merge_runs({**legacy, "runs": first}, {"date": "d3"}, "2026-12-02T10:00:00+00:00",
                                ["copy:1:1", "copy:1:64"])
     assert [r["points"] for r in again] == [None, ["copy:1:1", "copy:1:64"]]
     # a third run re-measures copy:1:64: the point moves to it; a run left with no point drops out
-    third = procedure.merge_runs({"runs": again}, {"date": "d4"}, "2026-12-03T09:00:00+00:00",
+    third = recording.merge_runs({"runs": again}, {"date": "d4"}, "2026-12-03T09:00:00+00:00",
                                ["copy:1:64", "copy:1:1"])
     assert [r["points"] for r in third] == [None, ["copy:1:1", "copy:1:64"]]
     assert third[1]["started"].startswith("2026-12-03")
     prov = {"runs": first}
-    assert procedure.run_of_point(prov, "copy:1:1")["machine"] == {"cpu_model": "B"}
-    assert procedure.run_of_point(prov, "copy:0:64")["git_commit"] == "b0661a0"  # the legacy run holds the rest
-    assert procedure.run_of_point({}, "copy:0:64") is None
+    assert recording.run_of_point(prov, "copy:1:1")["machine"] == {"cpu_model": "B"}
+    assert recording.run_of_point(prov, "copy:0:64")["git_commit"] == "b0661a0"  # the legacy run holds the rest
+    assert recording.run_of_point({}, "copy:0:64") is None
     assert selection.point_label(("copy", 0.0, 64)) == "copy:0:64"
     assert selection.point_label(("x", None, None)) == "x:-:-"
 
@@ -547,23 +547,23 @@ def test_a_later_run_with_another_kv_capacity_is_said_and_each_run_keeps_its_own
                 {"name": "draft", "kv_cache": None}]
     infos = {"baseline": {"kv_cache": {"tokens": 643376}}, "ngram": {"kv_cache": {"tokens": 619808}},
              "draft": {"kv_cache": {"tokens": 403344}}}
-    assert procedure.kv_cache_drift(recorded, infos) == [
+    assert recording.kv_cache_drift(recorded, infos) == [
         "baseline: KV cache 643,376 tokens in this run, 632,368 in the ledger's earlier run (+1.74%)"]
-    assert procedure.kv_cache_drift(recorded, {"baseline": {"kv_cache": {"tokens": 632368}}}) == []
-    runs = procedure.merge_runs({"runs": [{"started": "a", "points": ["copy:0:1"],
+    assert recording.kv_cache_drift(recorded, {"baseline": {"kv_cache": {"tokens": 632368}}}) == []
+    runs = recording.merge_runs({"runs": [{"started": "a", "points": ["copy:0:1"],
                                            "kv_cache_tokens": {"baseline": 632368}}]},
                                 {"date": "d"}, "b", ["copy:0:16"], {"baseline": 643376})
     assert [r.get("kv_cache_tokens") for r in runs] == [{"baseline": 632368}, {"baseline": 643376}]
-    assert "kv_cache_tokens" not in procedure.merge_runs(None, {"date": "d"}, "c", ["copy:0:1"])[0]
+    assert "kv_cache_tokens" not in recording.merge_runs(None, {"date": "d"}, "c", ["copy:0:1"])[0]
 
 
 def test_a_run_that_added_its_start_to_a_point_shares_it_with_the_runs_before():
     """--ledger-add-start: the earlier run still holds windows of the point, so both runs name it; a point this
     run recorded anew moves to it, as before."""
     prior = {"runs": [{"started": "a", "points": ["copy:0:1", "copy:0:2"]}]}
-    runs = procedure.merge_runs(prior, {"date": "d"}, "b", ["copy:0:1", "copy:0:2"], shared=["copy:0:1"])
+    runs = recording.merge_runs(prior, {"date": "d"}, "b", ["copy:0:1", "copy:0:2"], shared=["copy:0:1"])
     assert [(r["started"], r["points"]) for r in runs] == [("a", ["copy:0:1"]), ("b", ["copy:0:1", "copy:0:2"])]
-    assert procedure.run_of_point({"runs": runs}, "copy:0:1")["started"] == "a"  # the first run that holds it
+    assert recording.run_of_point({"runs": runs}, "copy:0:1")["started"] == "a"  # the first run that holds it
 
 
 def test_a_point_is_compared_against_the_machine_of_the_run_that_recorded_it(monkeypatch):
@@ -737,7 +737,7 @@ def test_build_point_over_engine_starts_takes_its_interval_over_the_starts():
     interval is the starts' spread (t over three), not the windows' (which would be about 1% wide)."""
     ledger = _ledger_with_arms()
     workload = ledger.data["workloads"][0]["name"]
-    point = procedure.build_point(ledger, workload, 0.0, 2, _started_runs([
+    point = recording.build_point(ledger, workload, 0.0, 2, _started_runs([
         ([100, 101], [130, 131.3]), ([200, 202], [300, 303]), ([100, 99], [170, 168.3])]))
     spec = point["arms"]["spec"]
     assert spec["window"]["start"] == [0, 0, 1, 1, 2, 2]
@@ -745,7 +745,7 @@ def test_build_point_over_engine_starts_takes_its_interval_over_the_starts():
     assert spec["multiplier"] == pytest.approx(round((1.3 * 1.5 * 1.7) ** (1 / 3), 3))
     low, high = spec["multiplier_ci95"]
     assert low < 1.3 and high > 1.7  # t with 2 degrees of freedom: wider than the three starts themselves
-    one_start = procedure.build_point(ledger, workload, 0.0, 2, _runs([100, 101, 200, 202], [130, 131.3, 300, 303]))
+    one_start = recording.build_point(ledger, workload, 0.0, 2, _runs([100, 101, 200, 202], [130, 131.3, 300, 303]))
     assert "multiplier_by_start" not in one_start["arms"]["spec"] and "start" not in one_start["arms"]["spec"]["window"]
     _schema_valid(ledger, point)
 
@@ -755,7 +755,7 @@ def test_build_point_refuses_arms_measured_in_different_starts():
     runs = _started_runs([([100, 101], [130, 131]), ([100, 101], [130, 131])])
     runs["spec"][0]["start"] = 1
     with pytest.raises(ValueError, match="different engine starts"):
-        procedure.build_point(ledger, ledger.data["workloads"][0]["name"], 0.0, 2, runs)
+        recording.build_point(ledger, ledger.data["workloads"][0]["name"], 0.0, 2, runs)
 
 
 def test_merge_starts_joins_the_windows_of_each_start_into_one_point():
@@ -765,7 +765,7 @@ def test_merge_starts_joins_the_windows_of_each_start_into_one_point():
     parts = []
     for start, (base, spec) in enumerate([([100, 101], [130, 131]), ([100, 101], [150, 151])]):
         runs = {name: [{**w, "start": start} for w in ws] for name, ws in _runs(base, spec).items()}
-        point = procedure.build_point(ledger, *key, runs)
+        point = recording.build_point(ledger, *key, runs)
         point["repeats_added"] = 0
         parts.append(procedure.PointMeasurement(key, point, {"spec": [{"window_s": 5.0}] * 2}, 10.0, runs=runs,
                                                 warmups={}, passes={}))
@@ -779,7 +779,7 @@ def test_merge_starts_joins_the_windows_of_each_start_into_one_point():
 
 def _started_point(per_start: list[tuple[list[float], list[float]]]) -> dict:
     ledger = _ledger_with_arms()
-    point = procedure.build_point(ledger, ledger.data["workloads"][0]["name"], 0.0, 2, _started_runs(per_start))
+    point = recording.build_point(ledger, ledger.data["workloads"][0]["name"], 0.0, 2, _started_runs(per_start))
     point["arms"]["spec"]["acceptance"]["acceptance_length"] = 3.0
     return point
 
@@ -828,7 +828,7 @@ def _fake_starts(monkeypatch) -> tuple[list[list[_FakeArm]], list[tuple]]:
         runs = {"baseline": [{**_window(100.0), "start": start}] * 2,
                 "spec": [{**_window(100.0 * ratio, counters_=counted), "start": start}] * 2}
         passes = passes or {"spec": {"counters": counted, "requests": 4, "seconds": 1.0, "in_start": start}}
-        point = procedure.build_point(led, w, t, c, runs, passes=passes)
+        point = recording.build_point(led, w, t, c, runs, passes=passes)
         point["repeats_added"] = 0
         return procedure.PointMeasurement((w, t, c), point, {}, 1.0, runs=runs, warmups={}, passes=passes)
 
@@ -907,11 +907,11 @@ def test_a_start_added_to_a_point_recorded_in_one_start_makes_two():
 
     ledger = _ledger_with_arms()
     workload = ledger.data["workloads"][0]["name"]
-    old = procedure.build_point(ledger, workload, 0.0, 2, _runs([100, 101], [130, 131]), passes=_pass(10))
+    old = recording.build_point(ledger, workload, 0.0, 2, _runs([100, 101], [130, 131]), passes=_pass(10))
     new_runs = _runs([100, 99], [150, 149])
     for window in new_runs["spec"]:
         window.update(ttft_s=[0.5, 0.6])  # the added start's latency differs: it is the one kept
-    new = procedure.build_point(ledger, workload, 0.0, 2, new_runs, passes=_pass(30))
+    new = recording.build_point(ledger, workload, 0.0, 2, new_runs, passes=_pass(30))
     point = replication.add_start(ledger, old, new)
     spec = point["arms"]["spec"]
     assert spec["window"]["start"] == [0, 0, 1, 1] and spec["output_tokens_per_s"]["repeats"] == [130, 131, 150, 149]
@@ -932,8 +932,8 @@ def test_a_start_added_to_a_point_recorded_in_one_start_makes_two():
 def _two_start_curve(ledger: Ledger, per_point: list[tuple[int, list[tuple[list[float], list[float]]]]]) -> None:
     """Points at the given concurrencies, each from the (baseline, spec) windows of its starts, into the ledger."""
     workload = ledger.data["workloads"][0]["name"]
-    ledger.data["points"] = [procedure.build_point(ledger, workload, 0.0, c, _started_runs(starts))
-                             if len(starts) > 1 else procedure.build_point(ledger, workload, 0.0, c, _runs(*starts[0]))
+    ledger.data["points"] = [recording.build_point(ledger, workload, 0.0, c, _started_runs(starts))
+                             if len(starts) > 1 else recording.build_point(ledger, workload, 0.0, c, _runs(*starts[0]))
                              for c, starts in per_point]
     for point in ledger.data["points"]:
         point["arms"]["spec"]["acceptance"]["acceptance_length"] = 3.0
@@ -993,7 +993,7 @@ def test_with_the_ledgers_pooled_spread_a_point_of_one_start_is_verified_over_st
     ])
     committed = ledger.data["points"][3]
     workload = ledger.data["workloads"][0]["name"]
-    fresh = procedure.build_point(ledger, workload, 0.0, 8, _runs([400, 404, 398, 402], [506, 512.2, 501.5, 510.4]))
+    fresh = recording.build_point(ledger, workload, 0.0, 8, _runs([400, 404, 398, 402], [506, 512.2, 501.5, 510.4]))
     fresh["arms"]["spec"]["acceptance"]["acceptance_length"] = 3.0
     window_level = verdict.compare_point(ledger, "spec", committed, fresh)
     assert window_level.figure("multiplier").verdict.unit != "engine starts"
@@ -1002,7 +1002,7 @@ def test_with_the_ledgers_pooled_spread_a_point_of_one_start_is_verified_over_st
     pooled = verdict.compare_point(ledger, "spec", committed, fresh)
     multiplier = pooled.figure("multiplier")
     assert multiplier.verdict.unit == "engine starts" and pooled.outcome != "changed", pooled.message("t")
-    fell = procedure.build_point(ledger, workload, 0.0, 8, _runs([400, 404, 398, 402], [264, 266.6, 262.7, 265.3]))
+    fell = recording.build_point(ledger, workload, 0.0, 8, _runs([400, 404, 398, 402], [264, 266.6, 262.7, 265.3]))
     fell["arms"]["spec"]["acceptance"]["acceptance_length"] = 3.0
     assert verdict.compare_point(ledger, "spec", committed, fell).outcome == "changed"
 
@@ -1012,8 +1012,8 @@ def test_passes_over_other_prompts_are_not_summed_and_starts_of_other_shapes_are
 
     ledger = _ledger_with_arms()
     workload = ledger.data["workloads"][0]["name"]
-    old = procedure.build_point(ledger, workload, 0.0, 2, _runs([100, 101], [130, 131]), passes=_pass(10, 16))
-    new = procedure.build_point(ledger, workload, 0.0, 2, _runs([100, 99], [150, 149]), passes=_pass(30, 43))
+    old = recording.build_point(ledger, workload, 0.0, 2, _runs([100, 101], [130, 131]), passes=_pass(10, 16))
+    new = recording.build_point(ledger, workload, 0.0, 2, _runs([100, 99], [150, 149]), passes=_pass(30, 43))
     assert replication.add_start(ledger, old, new)["arms"]["spec"]["acceptance"]["drafts"] == 30  # the newest
     with pytest.raises(replication.StartMismatch, match="protocol v1"):
         replication.add_start(ledger, {**old, "protocol_version": 1}, new)
@@ -1031,8 +1031,8 @@ def test_the_session_adds_a_start_once_per_point_and_never_from_another_machine(
     ledger = _ledger_with_arms()
     workload = ledger.data["workloads"][0]["name"]
     key = (workload, 0.0, 2)
-    ledger.data["points"] = [procedure.build_point(ledger, *key, _runs([100, 101], [130, 131]))]
-    measured = procedure.PointMeasurement(key, procedure.build_point(ledger, *key, _runs([100, 99], [150, 149])))
+    ledger.data["points"] = [recording.build_point(ledger, *key, _runs([100, 101], [130, 131]))]
+    measured = procedure.PointMeasurement(key, recording.build_point(ledger, *key, _runs([100, 99], [150, 149])))
     with pytest.raises(ValueError, match="needs --ledger-record"):
         SuiteSession(root=ROOT, record=False, add_start=True)
     session = SuiteSession(root=ROOT, record=True, add_start=True, progress=lambda _: None)
@@ -1059,7 +1059,7 @@ def test_a_ledger_names_the_repeats_of_each_start_and_bounds_them_per_start():
     ledger = _ledger_with_arms()
     workload = ledger.data["workloads"][0]["name"]
     many = [([100, 101], [130, 131])] * 7  # 14 repeats: over the protocol's max of 12, in starts of 2
-    point = procedure.build_point(ledger, workload, 0.0, 2, _started_runs(many))
+    point = recording.build_point(ledger, workload, 0.0, 2, _started_runs(many))
     _schema_valid(ledger, point)
     short = copy.deepcopy(point)
     short["arms"]["spec"]["window"]["start"] = short["arms"]["spec"]["window"]["start"][:-1]

@@ -8,8 +8,8 @@ recording may instead add its start to the points the ledger has, and the point'
 its starts (``stats.replicated_estimate``). A point recorded before starts were kept counts as one start.
 
 Only what the ledger stores can be combined. Repeats and their per-window figures are concatenated; throughput,
-multipliers and their intervals are recomputed over the starts (``procedure.throughput_figures``,
-``procedure.multiplier_figures``, the one home of both) from the repeats as the ledger keeps them, rounded, so an
+multipliers and their intervals are recomputed over the starts (``recording.throughput_figures``,
+``recording.multiplier_figures``, the one home of both) from the repeats as the ledger keeps them, rounded, so an
 earlier start's multiplier may move in its last digits (at 10 tok/s, kept to 0.1, by up to half a percent);
 request counts, tokens and seconds add up; acceptance counts from passes over the same prompts add up; lossless
 counts add up. Latency percentiles and the warm-up cannot be combined from percentiles, so they are the added
@@ -30,7 +30,7 @@ from typing import Any
 from specledger import stats
 from specledger.errors import SpecledgerError
 from specledger.ledger import Ledger, figures
-from specledger.measure import counters, procedure
+from specledger.measure import counters, recording
 
 
 class StartMismatch(SpecledgerError, ValueError):
@@ -50,7 +50,7 @@ def _acceptance(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None, k:
         return copy.deepcopy(dict(new))
     acc.update({"from": "pass", "requests": int(old["requests"]) + int(new["requests"]),
                 "seconds": round(float(old.get("seconds", 0.0)) + float(new.get("seconds", 0.0)), 2)})
-    return procedure.rounded_acceptance(acc, ledger.rounding)
+    return recording.rounded_acceptance(acc, ledger.rounding)
 
 
 def _lossless(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -87,7 +87,7 @@ def add_start(ledger: Ledger, committed: Mapping[str, Any], measured: Mapping[st
         if figures.engine_starts(old) != old_starts:
             raise StartMismatch(f"{ledger.path}: point {label}: arm {name} has other engine starts than {first}")
         result: dict[str, Any] = copy.deepcopy(dict(new))
-        result["output_tokens_per_s"] = procedure.throughput_figures(tps[name], starts, rounding["output_tokens_per_s"])
+        result["output_tokens_per_s"] = recording.throughput_figures(tps[name], starts, rounding["output_tokens_per_s"])
         for key in ("requests", "output_tokens"):
             result[key] = int(old.get(key, 0)) + int(new.get(key, 0))
         result["duration_s"] = round(float(old.get("duration_s", 0.0)) + float(new.get("duration_s", 0.0)), 3)
@@ -105,7 +105,7 @@ def add_start(ledger: Ledger, committed: Mapping[str, Any], measured: Mapping[st
                 result.pop(key, None)
         arm = ledger.arm(name)
         if arm["role"] in ("speculative", "policy"):
-            result.update(procedure.arm_multipliers(ledger, name, tps, starts))
+            result.update(recording.arm_multipliers(ledger, name, tps, starts))
             k = (arm.get("speculative_config") or {}).get("num_speculative_tokens")
             acc = _acceptance(old.get("acceptance"), new.get("acceptance"), k, ledger)
             result.pop("acceptance", None)
@@ -179,6 +179,6 @@ def pool_start_intervals(ledger: Ledger) -> None:
                     continue
                 e = stats.replicated_estimate(per_start, spread=spread)
                 if field_name == "output_tokens_per_s":
-                    result[field_name]["ci95"] = procedure.rounded_interval(e, rounding["output_tokens_per_s"])
+                    result[field_name]["ci95"] = recording.rounded_interval(e, rounding["output_tokens_per_s"])
                 else:
-                    result[f"{field_name}_ci95"] = procedure.rounded_interval(e, rounding["multiplier"])
+                    result[f"{field_name}_ci95"] = recording.rounded_interval(e, rounding["multiplier"])

@@ -27,7 +27,7 @@ from specledger.ledger import Ledger, figures, write_ledger
 from specledger.ledger.io import remove_stale_temporaries
 from specledger.ledger.model import SCHEMA_VERSION
 from specledger.ledger.selection import point_label
-from specledger.measure import engines, fingerprint, procedure, replication
+from specledger.measure import engines, fingerprint, procedure, recording, replication
 from specledger.render.tables import config_differences
 
 if TYPE_CHECKING:
@@ -239,7 +239,7 @@ class SuiteSession:
     def _recorded_machine(ledger: Ledger, key: tuple[str, float, int] | None) -> dict[str, Any] | None:
         """The machine of the run that recorded point ``key`` (the ledger's latest without a key or without runs)."""
         prov = ledger.data.get("provenance") or {}
-        run = procedure.run_of_point(prov, point_label(key)) if key is not None else None
+        run = recording.run_of_point(prov, point_label(key)) if key is not None else None
         return (run or prov).get("machine")
 
     def _more_rule(self, ledger: Ledger, key: tuple[str, float, int]) -> procedure.MoreRule | None:
@@ -412,7 +412,7 @@ class SuiteSession:
             self._recorded[ledger.id] = working
             for stale in remove_stale_temporaries(self._target_path(ledger)):  # a killed run's leftovers
                 self.progress(f"{ledger.id}: removed {stale}, left by an interrupted write")
-            for line in procedure.kv_cache_drift(ledger.arms, self._infos[ledger.id]):  # once, at the first store
+            for line in recording.kv_cache_drift(ledger.arms, self._infos[ledger.id]):  # once, at the first store
                 self.progress(f"{ledger.id}: {line}; provenance.runs keeps each run's")
         data = working.data
         points = [p for p in data.get("points", [])
@@ -421,21 +421,21 @@ class SuiteSession:
         points.sort(key=lambda p: (p["workload"], p["temperature"], p["concurrency"]))
         data["points"] = points
         replication.pool_start_intervals(working)  # every interval over the starts, spread pooled over the points
-        facts = procedure.arm_facts(working, self._infos[ledger.id])
+        facts = recording.arm_facts(working, self._infos[ledger.id])
         for arm in data["arms"]:
             arm.update(facts.get(arm["name"], {}))
         data["status"] = "measured"
         data["schema_version"] = SCHEMA_VERSION
         data["protocol"] = procedure.protocol_for(working)
         previous = data.get("provenance")
-        prov = procedure.provenance(self._infos[ledger.id], command=self.command,
+        prov = recording.provenance(self._infos[ledger.id], command=self.command,
                                   wall_s=time.monotonic() - self._started, root=self.root,
                                   machine=self.machine(ledger))
         prov["time_s"] = self.time_breakdown(ledger.id)
         recorded = [point_label(key) for (lid, key) in self._stored if lid == ledger.id]
         kv_tokens = {name: fact["kv_cache"]["tokens"] for name, fact in facts.items() if fact["kv_cache"].get("tokens")}
         shared = [point_label(key) for (lid, key) in self._starts_added if lid == ledger.id]
-        prov["runs"] = procedure.merge_runs(previous, prov, self._started_at, recorded, kv_tokens, shared)
+        prov["runs"] = recording.merge_runs(previous, prov, self._started_at, recorded, kv_tokens, shared)
         data["provenance"] = prov
         target = self._target_path(ledger)
         write_ledger(target, data, overwrite=True)
