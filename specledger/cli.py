@@ -620,13 +620,10 @@ def _pool_starts_arguments(parser: argparse.ArgumentParser) -> None:
     _pool_starts_arguments,
 )
 def cmd_pool_starts(args: argparse.Namespace) -> int:
-    import copy
-
     from specledger.ledger import write_ledger
     from specledger.measure.replication import pool_start_intervals
 
-    path, source = _load_one(args.ledger)
-    working = Ledger(source.path, copy.deepcopy(source.data))
+    path, working = _load_one(args.ledger)
     pool_start_intervals(working)
     target = Path(path) if args.in_place else Path(args.out)
     try:

@@ -110,10 +110,9 @@ def throughput_centre(thr: Mapping[str, Any] | None, v3: bool, starts: Sequence[
     if not repeats:
         return thr.get("mean")
     if starts is not None and len(starts) == len(repeats) and len(set(starts)) >= 2:
-        by_start: dict[int, list[float]] = {}
-        for value, start in zip(repeats, starts, strict=True):
-            by_start.setdefault(int(start), []).append(float(value))
-        return statistics.geometric_mean(statistics.fmean(v) for v in by_start.values())
+        from specledger.stats import start_means  # scipy: loaded only for a point of several starts
+
+        return statistics.geometric_mean(start_means(repeats, starts))
     return statistics.fmean(repeats)
 
 

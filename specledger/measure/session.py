@@ -370,6 +370,11 @@ class SuiteSession:
             self._announce(ledger, k, m)
 
     @staticmethod
+    def _start_count(point: dict[str, Any]) -> int:
+        """How many engine starts a point's windows came from (every arm runs in every start)."""
+        return len(set(figures.engine_starts(next(iter(point["arms"].values())))))
+
+    @staticmethod
     def _multipliers(point: dict[str, Any]) -> str:
         """`ngram x1.42 (1.33..1.49) L=4.45, ...`: a point's drafters for a progress line."""
         return ", ".join(
@@ -378,7 +383,7 @@ class SuiteSession:
             for name, res in point["arms"].items() if "multiplier" in res)
 
     def _announce(self, ledger: Ledger, key: tuple[str, float, int], m: procedure.PointMeasurement) -> None:
-        starts = len(set(figures.engine_starts(next(iter(m.point["arms"].values())))))
+        starts = self._start_count(m.point)
         over = f", over {starts} engine starts" if starts > 1 else ""
         self.progress(f"{ledger.id} {key[0]} T={key[1]:g} c={key[2]}: {self._multipliers(m.point)} "
                       f"({m.wall_s:.1f} s, {m.point['repeats_added']} repeats added{over})")
@@ -398,7 +403,7 @@ class SuiteSession:
             raise replication.StartMismatch(f"{working.path}: point {point_label(measured.key)}: not added: {why}")
         point = replication.add_start(working, existing, measured.point)
         self._starts_added.add(done)
-        starts = len(set(figures.engine_starts(next(iter(point["arms"].values())))))
+        starts = self._start_count(point)
         self.progress(f"{working.id} {point_label(measured.key)}: this run's start added, {starts} starts in all: "
                       f"{self._multipliers(point)}")
         return point
