@@ -78,6 +78,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="with --ledger-record: add this run's engine start to the points the ledger has, instead "
                          "of replacing them; each point's figures are then taken over all its starts (a point "
                          "recorded before starts were kept counts as one)")
+    group.addoption("--ledger-start-repeats", default=None, type=int, metavar="N",
+                    help="with --ledger-starts or --ledger-add-start: N paired repeats per arm in each engine start "
+                         "(at least 2; default: the ledger's repeats.min shared out over the starts, or all of it "
+                         "for an added start)")
     group.addoption("--ledger-http", action="store_true", default=False,
                     help="verify over HTTP: start one OpenAI-compatible vLLM server per arm, with flags derived "
                          "from the ledger arm, and measure through streaming completions and /metrics")
@@ -206,7 +210,8 @@ def specledger(request: pytest.FixtureRequest) -> Iterator[Any]:
                            full_protocol=bool(config.getoption("--ledger-full-protocol")),
                            kv_sizing=str(config.getoption("--ledger-kv-sizing")),
                            starts=int(config.getoption("--ledger-starts")),
-                           add_start=bool(config.getoption("--ledger-add-start")))
+                           add_start=bool(config.getoption("--ledger-add-start")),
+                           start_repeats=config.getoption("--ledger-start-repeats"))
     config.stash[_SESSION_KEY] = session
     if session.starts > 1:  # every start measures every point this session will run
         for item in request.session.items:
@@ -319,9 +324,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     session = config.stash.get(_SESSION_KEY, None)
     if session is None:
         return
+    from specledger.render import tables  # pandas: only once a specledger session ran
+
     for line in session.summary_lines():
         terminalreporter.write_line(line)
-    table = session.verdict_table()
+    table = tables.verdict_table(session.results)
     if table:
         terminalreporter.write_sep("=", "specledger verdicts")
         terminalreporter.write_line(table)
@@ -332,7 +339,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     suite = session.config.stash.get(_SESSION_KEY, None)
     if suite is None or not os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    table = suite.verdict_table()
+    from specledger.render import tables
+
+    table = tables.verdict_table(suite.results)
     for line in [*suite.summary_lines(), *(["specledger verdicts", *table.splitlines()] if table else [])]:
         say(session.config, line)
 

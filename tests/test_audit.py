@@ -635,3 +635,29 @@ def test_v3_points_are_judged_by_resolution_not_by_the_fixed_band_noise_finding(
     assert "resolution" in codes and "noise" not in codes
     burst = load_ledger(ROOT / "tests" / "data" / "h200-smollm2-copy-burst.json")
     assert "noise" in [f.code for f in audit_ledger(burst)]
+
+
+QWEN = ROOT / "ledgers" / "h200-qwen2.5-coder-1.5b.json"
+
+
+def test_the_stated_between_start_spread_and_its_intervals_are_recomputed_from_the_repeats():
+    """A verification takes its yardstick from `start_spread`: a ledger stating it too narrow (every check cries
+    wolf) or too wide (every check holds) is caught, and so is an interval that the spread did not set."""
+    data = json.loads(QWEN.read_text())
+    assert [f for f in audit(data) if f.code == "start-spread"] == []  # as recorded
+    narrow = json.loads(QWEN.read_text())
+    narrow["start_spread"]["ngram"]["multiplier"]["log_sd"] = 0.01
+    (finding,) = [f for f in audit(narrow) if f.code == "start-spread"]
+    assert finding.severity == "error" and finding.json_path == "$.start_spread.ngram.multiplier"
+    assert "states log_sd 0.01" in finding.message and "the repeats give log_sd 0.1288, df 4" in finding.message
+    dropped = json.loads(QWEN.read_text())
+    del dropped["start_spread"]["ngram"]
+    assert {f.json_path for f in audit(dropped) if f.code == "start-spread"} == {
+        f"$.start_spread.ngram.{figure}" for figure in ("multiplier", "multiplier_vs_matched", "output_tokens_per_s")}
+    index = next(i for i, p in enumerate(data["points"]) if p["workload"] == "copy" and p["concurrency"] == 1)
+    widened = json.loads(QWEN.read_text())
+    low, high = widened["points"][index]["arms"]["ngram"]["multiplier_ci95"]
+    widened["points"][index]["arms"]["ngram"]["multiplier_ci95"] = [round(low - 0.5, 3), round(high + 0.5, 3)]
+    (finding,) = [f for f in audit(widened) if f.code == "start-spread"]
+    assert finding.json_path == f"$.points[{index}].arms.ngram.multiplier_ci95"
+    assert f"t interval over the point's starts with the arm's pooled spread: {low}..{high}" in finding.message

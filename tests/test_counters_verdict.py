@@ -1071,3 +1071,20 @@ def test_a_ledger_names_the_repeats_of_each_start_and_bounds_them_per_start():
     with pytest.raises(LedgerError, match=r"\$\.points\[0\]\.arms\.spec\.window\.start: engine start 7 has 1 "
                                           r"repeats, outside 2\.\.12"):
         _schema_valid(ledger, lonely)
+
+
+def test_repeats_per_start_are_a_setting_of_several_starts_only():
+    """``--ledger-start-repeats``: each start's share of the windows, where a point's interval is taken over
+    starts. It means nothing for a run of one start that is not added to others, and a start needs two pairs."""
+    from specledger.measure.session import SuiteSession
+
+    ledger = load_ledger(ROOT / "ledgers" / "cpu-smollm2.json")
+    for kwargs in ({"start_repeats": 3}, {"start_repeats": 1, "starts": 2}):
+        with pytest.raises(ValueError, match="at least 2, with several starts"):
+            SuiteSession(root=ROOT, record=True, **kwargs)
+    session = SuiteSession(root=ROOT, record=True, add_start=True, start_repeats=3)
+    assert session.start_repeats == 3
+    protocol = session._repeats_per_start(ledger, None, 3)
+    assert protocol["repeats"] == {"min": 3, "max": ledger.protocol["repeats"]["max"]}
+    assert ledger.protocol["repeats"]["min"] == 5  # the ledger's own is untouched
+    assert session._repeats_per_start(ledger, None, 14)["repeats"] == {"min": 14, "max": 14}

@@ -59,11 +59,15 @@ def test_the_bar_of_a_v3_point_is_its_ci_and_of_an_older_point_the_paired_ratios
     v3 = _point(V3, 0.0, 8)
     assert figures.multiplier_bar(v3, "ngram", "baseline") == (
         *v3["arms"]["ngram"]["multiplier_ci95"], figures.CI_BAR)
+    over_starts = figures.multiplier_bar(v3, "ngram", "baseline", pooled=True)
+    assert over_starts is not None and over_starts[2] == figures.CI_BAR_OVER_STARTS
+    assert figures.is_ci_bar(figures.CI_BAR) and figures.is_ci_bar(over_starts[2])
     old = _point(BURST, 0.0, 8)
     spec, base = (old["arms"][a]["output_tokens_per_s"]["repeats"] for a in ("ngram", "baseline"))
     ratios = [s / b for s, b in zip(spec, base, strict=True)]
     assert figures.multiplier_bar(old, "ngram", "baseline") == (
         min(ratios), max(ratios), "min..max of paired per-repeat ratios")
+    assert not figures.is_ci_bar("min..max of paired per-repeat ratios")
 
 
 def test_spread_reads_min_and_max_else_the_repeats():

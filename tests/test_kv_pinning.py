@@ -83,7 +83,18 @@ def test_pinned_arms_start_at_once_and_one_that_fails_leaves_the_others_up(monke
     # without a failures dict the first failure is raised and every arm is closed
     with pytest.raises(engines.EngineStartError, match="CUDA out of memory"):
         engines.start_arms(specs)
-    # arms without a pinned block count start one after another, as before
+    # arms without a pinned block count start one after another on a GPU, where vLLM sizes KV from free memory
+    monkeypatch.setattr(engines, "kv_sized_by_setting", lambda: None)
     _FakeArm.most = 0
     engines.start_arms(_specs()[:2])
     assert _FakeArm.most == 1
+    # and at once on the CPU engine, whose KV cache is a setting (VLLM_CPU_KVCACHE_SPACE)
+    monkeypatch.setattr(engines, "kv_sized_by_setting", lambda: "KV from VLLM_CPU_KVCACHE_SPACE")
+    _FakeArm.most, lines[:] = 0, []
+    engines.start_arms(_specs()[:2], progress=lines.append)
+    assert _FakeArm.most == 2 and lines[0].startswith("starting 2 arms at once, KV from VLLM_CPU_KVCACHE_SPACE")
+    assert any("arm ngram ready after" in line and line.endswith("tokens)") for line in lines), lines
+    # one arm has nobody to overlap with: the plain start, with its own "starting arm" line
+    _FakeArm.most, lines[:] = 0, []
+    engines.start_arms(_specs()[:1], progress=lines.append)
+    assert lines[0] == "starting arm baseline (baseline)"

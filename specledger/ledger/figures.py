@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CI_BAR",
+    "CI_BAR_OVER_STARTS",
+    "POOLED_FIGURES",
     "acceptance_length",
     "Centres",
     "decimals_of",
@@ -29,6 +31,12 @@ __all__ = [
     "engine_starts",
     "start_spread",
     "eps",
+    "start_spread_json",
+    "rounded_interval",
+    "pooled_start_spreads",
+    "pooled_intervals",
+    "per_start_figures",
+    "is_ci_bar",
     "half_unit",
     "is_v3",
     "multiplier",
@@ -43,6 +51,8 @@ __all__ = [
 
 #: What a bar drawn from a v3 point's stored multiplier_ci95 is (the plots' legend, and how they know one).
 CI_BAR = "95% CI (paired bootstrap)"
+#: The same bar once the ledger pools the arm's between-start spread (replication.pool_start_intervals).
+CI_BAR_OVER_STARTS = "95% CI over engine starts (t, between-start spread pooled over the points)"
 
 Against = Literal["baseline", "matched"]
 
@@ -153,39 +163,38 @@ def multiplier_interval(
     return low, high, centres
 
 
-def _base_of(ledger: Ledger, arm: str, against: Against) -> str | None:
-    return ledger.baseline_arm_for(arm) if against == "baseline" else ledger.matched_baseline_for(arm)
-
-
 def multiplier(ledger: Ledger, point: Mapping[str, Any], arm: str, against: Against = "baseline") -> float | None:
     """The arm's multiplier at a point against its baseline (or its matched baseline): as stated, else
     the ratio of the centres (means for v3, medians before), else None."""
     result = point["arms"].get(arm)
     if result is None:
         return None
-    stored = result.get("multiplier" if against == "baseline" else "multiplier_vs_matched")
+    field_name, base = ledger.multiplier_bases(arm)[0 if against == "baseline" else 1]
+    stored = result.get(field_name)
     if stored is not None:
         return stored
-    centres = multiplier_centres(point, arm, _base_of(ledger, arm, against))
+    centres = multiplier_centres(point, arm, base)
     if centres is None or not centres.base or centres.base <= 0:
         return None
     return centres.spec / centres.base
 
 
-def multiplier_bar(point: Mapping[str, Any], arm: str, base: str | None) -> tuple[float, float, str] | None:
+def multiplier_bar(point: Mapping[str, Any], arm: str, base: str | None, *,
+                   pooled: bool = False) -> tuple[float, float, str] | None:
     """The multiplier's uncertainty as a bar: (low, high, what it is), or None when the ledger has none.
 
-    A protocol-v3 point states the multiplier's 95% CI (paired bootstrap, `specledger.stats`): that is
-    the bar. Older points: repeats are paired (same prompts, same repeat, interleaved), so when both arms
-    list their repeats the honest spread is min..max of the per-repeat ratios spec_r / base_r. Without
-    paired repeats it falls back to the spec arm's min..max over the baseline median, which ignores the
-    baseline's own noise (so it understates the spread).
+    A protocol-v3 point states the multiplier's 95% CI: that is the bar (`is_ci_bar`), a paired bootstrap,
+    or Student's t over engine starts where ``pooled`` says the ledger pools the arm's between-start spread.
+    Older points: repeats are paired (same prompts, same repeat, interleaved), so when both arms list their
+    repeats the honest spread is min..max of the per-repeat ratios spec_r / base_r. Without paired repeats it
+    falls back to the spec arm's min..max over the baseline median, which ignores the baseline's own noise (so
+    it understates the spread).
     """
     if base is None:
         return None
     ci = (point["arms"].get(arm) or {}).get("multiplier_ci95")
     if ci and ci[0] is not None and ci[1] is not None:
-        return float(ci[0]), float(ci[1]), CI_BAR
+        return float(ci[0]), float(ci[1]), CI_BAR_OVER_STARTS if pooled else CI_BAR
     spec = (point["arms"].get(arm) or {}).get("output_tokens_per_s") or {}
     baseline = (point["arms"].get(base) or {}).get("output_tokens_per_s") or {}
     spec_repeats, base_repeats = spec.get("repeats") or [], baseline.get("repeats") or []
@@ -196,6 +205,11 @@ def multiplier_bar(point: Mapping[str, Any], arm: str, base: str | None) -> tupl
     if median and spec.get("min") is not None and spec.get("max") is not None:
         return spec["min"] / median, spec["max"] / median, "spec min..max / baseline median"
     return None
+
+
+def is_ci_bar(what: str) -> bool:
+    """Whether a ``multiplier_bar`` is a stated 95% CI (not a min..max spread of older points)."""
+    return what in (CI_BAR, CI_BAR_OVER_STARTS)
 
 
 def acceptance_length(accepted_tokens: int, drafts: int) -> float:
@@ -229,6 +243,78 @@ def start_spread(data: Mapping[str, Any], arm: str, figure: str) -> Any:
     from specledger.stats import StartSpread  # scipy: loaded only where a spread is read
 
     return StartSpread(float(found["log_sd"]), int(found["df"]), int(found["points"]))
+
+
+#: The figures whose per-start values pool: each drafting arm's multipliers and every arm's throughput.
+POOLED_FIGURES = ("multiplier", "multiplier_vs_matched", "output_tokens_per_s")
+
+
+def start_spread_json(spread: Any) -> dict[str, Any]:
+    """A ``stats.StartSpread`` as the ledger keeps it under ``start_spread`` (log_sd to 4 decimals)."""
+    return {"log_sd": round(spread.log_sd, 4), "df": spread.df, "points": spread.points}
+
+
+def rounded_interval(e: Any, digits: int) -> list[float]:
+    """[low, high] of a ``stats.Estimate`` rounded as the ledger states its figure."""
+    return [round(e.low, digits), round(e.high, digits)]
+
+
+def per_start_figures(ledger: Ledger, point: Mapping[str, Any], name: str) -> dict[str, list[float]]:
+    """Each engine start's figure of arm ``name`` at a stored point, from the repeats as the ledger keeps them."""
+    from specledger import stats  # scipy: loaded only where starts are pooled
+
+    arms = point["arms"]
+    result = arms[name]
+    values = [float(v) for v in (result.get("output_tokens_per_s") or {}).get("repeats") or []]
+    if not values:
+        return {}
+    starts = engine_starts(result)
+    out = {"output_tokens_per_s": stats.start_means(values, starts)}
+    for field_name, base in ledger.multiplier_bases(name):
+        base_values = [float(v) for v in ((arms.get(base) or {}).get("output_tokens_per_s") or {}).get("repeats")
+                       or []]
+        if field_name in result and len(base_values) == len(values):  # paired window by window
+            out[field_name] = stats.start_multipliers(values, base_values, starts)
+    return out
+
+
+def pooled_start_spreads(ledger: Ledger) -> dict[str, dict[str, Any]]:
+    """Each arm's between-start spread of each pooled figure over the ledger's v3 points (arm -> figure ->
+    ``stats.StartSpread``), from the repeats as stored: what ``start_spread`` must say, recording or auditing."""
+    from specledger import stats
+
+    per_point = [{name: per_start_figures(ledger, point, name) for name in point["arms"]}
+                 for point in ledger.data.get("points", []) if is_v3(point)]
+    spreads: dict[str, dict[str, Any]] = {}
+    for name in (arm["name"] for arm in ledger.data["arms"]):
+        for field_name in POOLED_FIGURES:
+            groups = [found[name][field_name] for found in per_point
+                      if field_name in found.get(name, {}) and min(found[name][field_name]) > 0]
+            spread = stats.pooled_start_spread(groups)
+            if spread is not None:
+                spreads.setdefault(name, {})[field_name] = spread
+    return spreads
+
+
+def pooled_intervals(ledger: Ledger, spreads: Mapping[str, Mapping[str, Any]]) -> list[
+        tuple[dict[str, Any], str, str, list[float]]]:
+    """(point, arm, figure, ci95) for every interval that ``spreads`` sets: Student's t over the point's starts
+    with the arm's pooled spread, rounded as the ledger states the figure."""
+    from specledger import stats
+
+    out = []
+    for point in ledger.data.get("points", []):
+        if not is_v3(point):
+            continue
+        for name in point["arms"]:
+            for field_name, per_start in per_start_figures(ledger, point, name).items():
+                spread = spreads.get(name, {}).get(field_name)
+                if spread is None or min(per_start) <= 0:
+                    continue
+                digits = ledger.rounding["output_tokens_per_s" if field_name == "output_tokens_per_s" else "multiplier"]
+                e = stats.replicated_estimate(per_start, spread=spread)
+                out.append((point, name, field_name, rounded_interval(e, digits)))
+    return out
 
 
 def engine_starts(arm_result: Mapping[str, Any] | None) -> list[int]:

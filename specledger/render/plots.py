@@ -171,10 +171,6 @@ def _crossing_gid(arm: str, workload: str, temperature: float | None) -> str:
     return f"crossing|{arm}|{workload}|{temperature_label(temperature)}"
 
 
-#: What a v3 interval is once the ledger pools its between-start spread (replication.pool_start_intervals).
-_OVER_STARTS = "95% CI over engine starts (t, between-start spread pooled over the points)"
-
-
 def _legend_title(bar_kinds: set[str], crossed: bool) -> str | None:
     """Say what the bars and X markers are, only when the panel has them."""
     parts = [f"bars: {kind}" for kind in sorted(bar_kinds)]
@@ -257,8 +253,9 @@ def multiplier_figure(ledger: Ledger) -> Figure:
             label = condition_label(workload, temperature, arm)
             xs = [int(c) for c in group["concurrency"]]
             ys = [float(m) for m in group["multiplier"]]
-            spreads = {c: figures.multiplier_bar(p, arm, base) if (p := ledger.find_point(workload, temperature, c))
-                       else None for c in xs}  # one bar per point
+            pooled = figures.start_spread(ledger.data, arm, "multiplier") is not None
+            spreads = {c: figures.multiplier_bar(p, arm, base, pooled=pooled)
+                       if (p := ledger.find_point(workload, temperature, c)) else None for c in xs}  # one bar per point
             if row is not None:
                 label += ": " + _crossing_text(row["kind"], row["value"], row)
                 bracket = row["loss_bracket_ci95"]
@@ -281,7 +278,7 @@ def multiplier_figure(ledger: Ledger) -> Figure:
                     low, high, what = spread
                     ax.vlines(c * nudge, low, high, color=color, alpha=0.5, linewidth=2.5, zorder=2)
                     top = max(top, high * 1.05)
-                    bar_kinds.add(_OVER_STARTS if what == figures.CI_BAR and ledger.data.get("start_spread") else what)
+                    bar_kinds.add(what)
             if row is not None and row["kind"] == "crosses":
                 crossed = True
                 ax.plot(

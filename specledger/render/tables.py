@@ -9,7 +9,7 @@ and an unpublished concurrency as <NA>. No vLLM here.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -18,7 +18,7 @@ from specledger.analysis import theory
 from specledger.ledger import Ledger, figures
 
 __all__ = ["CRITICAL_COLUMNS", "DRAFTER_CONFIG_KEYS", "POINTS_COLUMNS", "config_differences", "critical_table",
-           "format_table", "points_table"]
+           "format_table", "points_table", "verdict_table"]
 
 POINTS_COLUMNS = [
     "ledger",
@@ -143,7 +143,7 @@ def critical_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
                     continue
                 workload, temperature, concurrency = Ledger.point_key(point)
                 bar = figures.multiplier_bar(point, name, base)
-                ci95 = bar[:2] if bar is not None and bar[2] == figures.CI_BAR else None
+                ci95 = bar[:2] if bar is not None and figures.is_ci_bar(bar[2]) else None
                 curves.setdefault((workload, temperature), []).append((concurrency, multiplier, ci95))
             for (workload, temperature), curve in curves.items():
                 curve.sort(key=lambda entry: entry[0])
@@ -213,3 +213,31 @@ def config_differences(configs: Mapping[str, Mapping[str, Any]]) -> dict[str, di
         if len({repr(v) for v in values.values()}) > 1 or any(key not in c for c in configs.values()):
             diffs[key] = values
     return diffs
+
+
+def verdict_table(results: Sequence[tuple[str, Any]]) -> str:
+    """One row per verified arm-point (``SuiteSession.results``: test id, ``verdict`` result): outcome, fresh and
+    committed multiplier with CIs, acceptance length."""
+    if not results:
+        return ""
+
+    def ci(e: Any) -> str:
+        return f"{e.value:.3f} ({e.low:.3f}..{e.high:.3f})"
+
+    rows = []
+    for test_id, r in results:
+        mult = r.figure("multiplier")
+        speed = mult or (r.figures[0] if r.figures else None)
+        acc = next((c for c in r.checks if c.metric == "acceptance_length"), None)
+        rows.append({
+            "point": test_id,
+            "verdict": r.outcome,
+            "figure": "multiplier" if mult else (speed.metric if speed else "-"),
+            "fresh (95% CI)": ci(speed.fresh) if speed else "-",
+            "committed (95% CI)": ci(speed.committed) if speed else "-",
+            "change (95% CI)": (f"{speed.verdict.change.value:+.1%} ({speed.verdict.change.low:+.1%}.."
+                                f"{speed.verdict.change.high:+.1%})") if speed else "-",
+            "L fresh/committed": f"{acc.measured:.3f}/{acc.committed:.3f}" if acc else "-",
+            "repeats needed": r.repeats_needed or "-",
+        })
+    return format_table(pd.DataFrame(rows))

@@ -27,6 +27,7 @@ from specledger.analysis.audit.critical import check_critical
 from specledger.analysis.audit.kv import check_kv_cache
 from specledger.analysis.audit.noise import check_noise, check_resolution
 from specledger.analysis.audit.points import check_points
+from specledger.analysis.audit.spread import check_start_spread
 from specledger.analysis.audit.stated import check_claims, check_mix
 from specledger.ledger import Ledger, LedgerError, iter_ledger_paths, load_ledger
 from specledger.ledger.model import Problem
@@ -43,6 +44,7 @@ __all__ = [
 #: The checks, in the order their findings are reported (one module each, beside this one).
 CHECKS: tuple[Callable[[Auditor], None], ...] = (
     check_points,
+    check_start_spread,
     check_kv_cache,
     check_critical,
     check_claims,

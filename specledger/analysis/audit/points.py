@@ -30,10 +30,7 @@ def check_points(a: Auditor) -> None:
             if thr is not None:
                 throughput(a, [*parts, "output_tokens_per_s"], thr, rounding["output_tokens_per_s"],
                            engine_starts(result))
-            for field, base in (
-                ("multiplier", a.ledger.baseline_arm_for(arm_name)),
-                ("multiplier_vs_matched", a.ledger.matched_baseline_for(arm_name)),
-            ):
+            for field, base in a.ledger.multiplier_bases(arm_name):
                 if field in result:
                     multiplier(a, [*parts, field], point, arm_name, base, result[field], rounding)
             if is_v3(point):
