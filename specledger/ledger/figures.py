@@ -37,6 +37,7 @@ __all__ = [
     "pooled_intervals",
     "per_start_figures",
     "is_ci_bar",
+    "interval_field",
     "half_unit",
     "is_v3",
     "multiplier",
@@ -294,6 +295,11 @@ def pooled_start_spreads(ledger: Ledger) -> dict[str, dict[str, Any]]:
             if spread is not None:
                 spreads.setdefault(name, {})[field_name] = spread
     return spreads
+
+
+def interval_field(figure: str) -> tuple[str, ...]:
+    """Where a pooled figure's 95% CI lives in an arm's result: ``output_tokens_per_s.ci95``, else ``<figure>_ci95``."""
+    return (figure, "ci95") if figure == "output_tokens_per_s" else (f"{figure}_ci95",)
 
 
 def pooled_intervals(ledger: Ledger, spreads: Mapping[str, Mapping[str, Any]]) -> list[

@@ -138,8 +138,8 @@ def pool_start_intervals(ledger: Ledger) -> None:
     data["start_spread"] = {name: {f: figures.start_spread_json(s) for f, s in by_figure.items()}
                             for name, by_figure in spreads.items()}
     for point, name, field_name, interval in figures.pooled_intervals(ledger, spreads):
-        result = point["arms"][name]
-        if field_name == "output_tokens_per_s":
-            result[field_name]["ci95"] = interval
-        else:
-            result[f"{field_name}_ci95"] = interval
+        *outer, key = figures.interval_field(field_name)
+        holder = point["arms"][name]
+        for part in outer:
+            holder = holder[part]
+        holder[key] = interval

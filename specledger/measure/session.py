@@ -220,7 +220,7 @@ class SuiteSession:
             info = next(iter(infos.values()), None)
             if self.http is None and not info:
                 return None
-            machine = None if self.http is not None or not info else fingerprint.machine_fingerprint(
+            machine = None if self.http is not None else fingerprint.machine_fingerprint(
                 accelerator=info.get("accelerator"), engine=info.get("engine"), torch_version=info.get("torch_version"))
             if machine is not None:  # the engines are up and idle: the host's speed as the measurement will find it
                 machine.update(fingerprint.host_state())

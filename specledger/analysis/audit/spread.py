@@ -9,6 +9,8 @@ the function a recording writes it with (``figures.pooled_start_spreads``) and e
 
 from __future__ import annotations
 
+from typing import Any
+
 from specledger.analysis.audit.base import Auditor, num
 from specledger.ledger import figures
 
@@ -40,16 +42,12 @@ def check_start_spread(a: Auditor) -> None:
                                                  f"{written['log_sd']}, df {written['df']}, points {written['points']}")
     index = {id(point): i for i, point in enumerate(a.ledger.points)}
     for point, arm, figure, want_ci in figures.pooled_intervals(a.ledger, exact):
-        result = point["arms"][arm]
-        if figure == "output_tokens_per_s":
-            parts = ["points", index[id(point)], "arms", arm, figure, "ci95"]
-            given_ci = (result.get(figure) or {}).get("ci95")
-            digits = a.ledger.rounding["output_tokens_per_s"]
-        else:
-            parts = ["points", index[id(point)], "arms", arm, f"{figure}_ci95"]
-            given_ci = result.get(f"{figure}_ci95")
-            digits = a.ledger.rounding["multiplier"]
-        unit = 10.0**-digits
+        where = figures.interval_field(figure)
+        parts = ["points", index[id(point)], "arms", arm, *where]
+        given_ci: Any = point["arms"][arm]
+        for part in where:
+            given_ci = (given_ci or {}).get(part)
+        unit = 10.0**-a.ledger.rounding["output_tokens_per_s" if figure == "output_tokens_per_s" else "multiplier"]
         if given_ci is None or len(given_ci) != 2 or any(
                 abs(float(g) - w) > unit + figures.eps(w) for g, w in zip(given_ci, want_ci, strict=True)):
             a.add(parts, "start-spread", f"interval {given_ci} is not the t interval over the point's starts with the "
