@@ -927,6 +927,10 @@ def test_a_start_added_to_a_point_recorded_in_one_start_makes_two():
     third = replication.add_start(ledger, point, new)  # and again: start 2
     assert third["arms"]["spec"]["window"]["start"] == [0, 0, 1, 1, 2, 2]
     assert third["arms"]["spec"]["multiplier_by_start"] == [1.299, 1.503, 1.503]
+    # the third start's pass joins the two already summed (32 requests = 2 passes of 16), not replaces them
+    assert third["arms"]["spec"]["acceptance"]["drafts"] == 70 and third["arms"]["spec"]["acceptance"]["requests"] == 48
+    other_prompts = recording.build_point(ledger, workload, 0.0, 2, new_runs, passes=_pass(30, requests=20))
+    assert replication.add_start(ledger, point, other_prompts)["arms"]["spec"]["acceptance"]["requests"] == 20
 
 
 def _two_start_curve(ledger: Ledger, per_point: list[tuple[int, list[tuple[list[float], list[float]]]]]) -> None:
