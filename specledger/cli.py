@@ -620,7 +620,7 @@ def _pool_starts_arguments(parser: argparse.ArgumentParser) -> None:
     _pool_starts_arguments,
 )
 def cmd_pool_starts(args: argparse.Namespace) -> int:
-    from specledger.ledger import write_ledger
+    from specledger.ledger import figures, write_ledger
     from specledger.measure.replication import pool_start_intervals
 
     path, working = _load_one(args.ledger)
@@ -633,10 +633,14 @@ def cmd_pool_starts(args: argparse.Namespace) -> int:
     except LedgerError as e:
         raise _LedgerProblems(e) from None
     spread = working.data.get("start_spread") or {}
+    alike = figures.start_spread_homogeneity(working)
     for arm, by_figure in spread.items():
         for figure, s in by_figure.items():
+            test = alike.get(arm, {}).get(figure)
+            said = (f"; alike across points? Bartlett p {test.p_value:.3f}" if test is not None
+                    else "; alike across points: not testable")
             print(f"{target}: {arm} {figure}: between-start sd {s['log_sd']:.4f} in logs, "
-                  f"{s['df']} degrees of freedom over {s['points']} points")
+                  f"{s['df']} degrees of freedom over {s['points']} points{said}")
     if not spread:
         print(f"{target}: no point has two engine starts; intervals left as measured")
     return EXIT_OK

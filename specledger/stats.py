@@ -246,7 +246,8 @@ class StartSpread:
     interval over 2 starts has 1 degree of freedom (t = 12.7): honest, and useless. Every point of a visit shares
     that visit's host state, though, so the points are groups of one experiment, and their within-group
     variances pool as in a one-way ANOVA (the residual mean square): `df` is the sum of (starts - 1) over the
-    points. It assumes the between-start spread in logs is alike across the arm's points."""
+    points. It assumes the between-start spread in logs is alike across the arm's points (`SpreadHomogeneity` tests
+    that)."""
 
     log_sd: float
     df: int
@@ -261,6 +262,29 @@ def pooled_start_spread(groups: Sequence[Sequence[float]]) -> StartSpread | None
         return None
     ss = sum(float(((x - x.mean()) ** 2).sum()) for x in logs)
     return StartSpread(math.sqrt(ss / df), int(df), len(logs))
+
+
+@dataclass(frozen=True)
+class SpreadHomogeneity:
+    """Bartlett's test that an arm's between-start spread (in logs) is alike across the points it is pooled over.
+
+    Why: `StartSpread` assumes it, and with 2-3 starts a point nobody can see it by eye. A small p says the pooled
+    spread is too wide for some points and too narrow for others (the narrow ones' intervals then overstate their
+    certainty). With one or two degrees of freedom a point the test has little power: a large p is no proof."""
+
+    statistic: float
+    p_value: float
+    points: int
+
+
+def start_spread_homogeneity(groups: Sequence[Sequence[float]]) -> SpreadHomogeneity | None:
+    """Bartlett's test over the points with two or more starts; None below two such points, or when a point's
+    starts agree exactly (its variance of 0 has no logarithm, so the test is undefined, not significant)."""
+    logs = [_logs("per-start figures", g) for g in groups if len(g) >= 2]
+    if len(logs) < 2 or any(np.ptp(x) <= _SAME_LOG for x in logs):
+        return None
+    result = stats.bartlett(*logs)
+    return SpreadHomogeneity(float(result.statistic), float(result.pvalue), len(logs))
 
 
 def _t_interval(centre_log: float, se_log: float, df: int, confidence: float) -> tuple[float, float]:

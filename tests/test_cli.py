@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import types
@@ -167,6 +168,7 @@ def test_pool_starts_rewrites_only_derived_intervals_and_refuses_to_overwrite_un
     pooled_over = before["start_spread"]["ngram"]["multiplier"]["points"]  # points of two or more starts
     assert pooled_over >= 2
     assert "ngram multiplier: between-start sd" in said and f"degrees of freedom over {pooled_over} points" in said
+    assert re.search(r"ngram multiplier: .* over \d+ points; alike across points\? Bartlett p [01]\.\d{3}\n", said)
     assert after == before
     assert main(["pool-starts", str(source), "-o", str(out)]) == 2
     assert "pass --force" in capsys.readouterr().err

@@ -366,6 +366,20 @@ def test_a_pooled_spread_is_the_within_group_mean_square_of_the_logs():
     assert stats.pooled_start_spread([[1.2], [1.4]]) is None
 
 
+def test_the_spread_homogeneity_test_tells_a_point_of_wild_starts_from_points_alike():
+    """Bartlett over points of 3 starts each: alike spreads pass, one point 20 times as spread is caught, and what
+    cannot be tested (one pooled point, a point whose starts agree exactly) says so instead of a number."""
+    rng = np.random.default_rng(7)
+    alike = [list(np.exp(rng.normal(0.3, 0.1, 3))) for _ in range(6)]
+    test = stats.start_spread_homogeneity(alike)
+    assert test is not None and test.points == 6 and test.p_value > 0.05
+    wild = alike[:5] + [list(np.exp(rng.normal(0.3, 2.0, 3)))]
+    caught = stats.start_spread_homogeneity(wild)
+    assert caught is not None and caught.p_value < 0.01 < test.p_value
+    assert stats.start_spread_homogeneity(alike[:1] + [[1.3]]) is None  # one point of two or more starts
+    assert stats.start_spread_homogeneity(alike[:3] + [[1.3, 1.3]]) is None  # log variance of 0: undefined
+
+
 @given(st.lists(st.floats(0.2, 5.0), min_size=2, max_size=8), st.floats(0.1, 10.0))
 def test_scaling_every_start_scales_the_replicated_estimate(per_start, c):
     e, scaled = stats.replicated_estimate(per_start), stats.replicated_estimate([c * x for x in per_start])

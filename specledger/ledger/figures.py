@@ -34,6 +34,7 @@ __all__ = [
     "start_spread_json",
     "rounded_interval",
     "pooled_start_spreads",
+    "start_spread_homogeneity",
     "pooled_intervals",
     "per_start_figures",
     "is_ci_bar",
@@ -279,22 +280,46 @@ def per_start_figures(ledger: Ledger, point: Mapping[str, Any], name: str) -> di
     return out
 
 
+def _per_start_groups(ledger: Ledger) -> dict[str, dict[str, list[list[float]]]]:
+    """arm -> pooled figure -> each v3 point's per-start figures (positive ones only): what pooling works on."""
+    per_point = [{name: per_start_figures(ledger, point, name) for name in point["arms"]}
+                 for point in ledger.data.get("points", []) if is_v3(point)]
+    groups: dict[str, dict[str, list[list[float]]]] = {}
+    for name in (arm["name"] for arm in ledger.data["arms"]):
+        for field_name in POOLED_FIGURES:
+            found = [point[name][field_name] for point in per_point
+                     if field_name in point.get(name, {}) and min(point[name][field_name]) > 0]
+            if found:
+                groups.setdefault(name, {})[field_name] = found
+    return groups
+
+
 def pooled_start_spreads(ledger: Ledger) -> dict[str, dict[str, Any]]:
     """Each arm's between-start spread of each pooled figure over the ledger's v3 points (arm -> figure ->
     ``stats.StartSpread``), from the repeats as stored: what ``start_spread`` must say, recording or auditing."""
     from specledger import stats
 
-    per_point = [{name: per_start_figures(ledger, point, name) for name in point["arms"]}
-                 for point in ledger.data.get("points", []) if is_v3(point)]
     spreads: dict[str, dict[str, Any]] = {}
-    for name in (arm["name"] for arm in ledger.data["arms"]):
-        for field_name in POOLED_FIGURES:
-            groups = [found[name][field_name] for found in per_point
-                      if field_name in found.get(name, {}) and min(found[name][field_name]) > 0]
+    for name, by_figure in _per_start_groups(ledger).items():
+        for field_name, groups in by_figure.items():
             spread = stats.pooled_start_spread(groups)
             if spread is not None:
                 spreads.setdefault(name, {})[field_name] = spread
     return spreads
+
+
+def start_spread_homogeneity(ledger: Ledger) -> dict[str, dict[str, Any]]:
+    """arm -> figure -> ``stats.SpreadHomogeneity``: whether the spread that ``pooled_start_spreads`` pools is alike
+    across the points (Bartlett), the one assumption pooling makes; arms with fewer than two such points left out."""
+    from specledger import stats
+
+    found: dict[str, dict[str, Any]] = {}
+    for name, by_figure in _per_start_groups(ledger).items():
+        for field_name, groups in by_figure.items():
+            test = stats.start_spread_homogeneity(groups)
+            if test is not None:
+                found.setdefault(name, {})[field_name] = test
+    return found
 
 
 def interval_field(figure: str) -> tuple[str, ...]:
