@@ -294,18 +294,23 @@ def _per_start_groups(ledger: Ledger) -> dict[str, dict[str, list[list[float]]]]
     return groups
 
 
+def _over_start_groups(ledger: Ledger, statistic: Any) -> dict[str, dict[str, Any]]:
+    """arm -> figure -> ``statistic(groups)`` over each pooled figure's per-start groups, Nones left out."""
+    found: dict[str, dict[str, Any]] = {}
+    for name, by_figure in _per_start_groups(ledger).items():
+        for field_name, groups in by_figure.items():
+            value = statistic(groups)
+            if value is not None:
+                found.setdefault(name, {})[field_name] = value
+    return found
+
+
 def pooled_start_spreads(ledger: Ledger) -> dict[str, dict[str, Any]]:
     """Each arm's between-start spread of each pooled figure over the ledger's v3 points (arm -> figure ->
     ``stats.StartSpread``), from the repeats as stored: what ``start_spread`` must say, recording or auditing."""
     from specledger import stats
 
-    spreads: dict[str, dict[str, Any]] = {}
-    for name, by_figure in _per_start_groups(ledger).items():
-        for field_name, groups in by_figure.items():
-            spread = stats.pooled_start_spread(groups)
-            if spread is not None:
-                spreads.setdefault(name, {})[field_name] = spread
-    return spreads
+    return _over_start_groups(ledger, stats.pooled_start_spread)
 
 
 def start_spread_homogeneity(ledger: Ledger) -> dict[str, dict[str, Any]]:
@@ -313,13 +318,7 @@ def start_spread_homogeneity(ledger: Ledger) -> dict[str, dict[str, Any]]:
     across the points (Bartlett), the one assumption pooling makes; arms with fewer than two such points left out."""
     from specledger import stats
 
-    found: dict[str, dict[str, Any]] = {}
-    for name, by_figure in _per_start_groups(ledger).items():
-        for field_name, groups in by_figure.items():
-            test = stats.start_spread_homogeneity(groups)
-            if test is not None:
-                found.setdefault(name, {})[field_name] = test
-    return found
+    return _over_start_groups(ledger, stats.start_spread_homogeneity)
 
 
 def interval_field(figure: str) -> tuple[str, ...]:
