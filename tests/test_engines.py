@@ -189,7 +189,8 @@ def test_pinned_arms_start_at_once_with_the_kv_capacity_their_ledger_recorded():
     """--ledger-kv-sizing pinned on the real CPU engine: cpu-smollm2's arms start together, each with the block
     count the ledger recorded, and say so in their effective config (num_gpu_blocks_override)."""
     from specledger.ledger import load_ledger
-    from specledger.measure.session import SuiteSession, recorded_kv_blocks
+    from specledger.measure.engine_pool import recorded_kv_blocks
+    from specledger.measure.session import SuiteSession
 
     ledger = load_ledger(ROOT / "ledgers" / "cpu-smollm2.json")
     recorded = recorded_kv_blocks(ledger)

@@ -13,7 +13,8 @@ from repo_paths import ROOT
 
 from specledger.ledger import parse_ledger
 from specledger.measure import engines
-from specledger.measure.session import SuiteSession, recorded_kv_blocks
+from specledger.measure.engine_pool import recorded_kv_blocks
+from specledger.measure.session import SuiteSession
 
 
 def _specs() -> list[engines.ArmSpec]:

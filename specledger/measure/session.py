@@ -1,8 +1,8 @@
-"""A measuring session: engines per ledger, one measurement per point, atomic recording.
+"""A measuring session: one measurement per point, atomic recording.
 
 Shared by the pytest plugin and the demo so both measure the same way. Engines of a
-ledger start on first use and stay up for the session (they are expensive to start; each
-point warms them up at its own concurrency, see specledger.measure.procedure); a point is measured once
+ledger start on first use and stay up for the session (specledger.measure.engine_pool: they are expensive to
+start; each point warms them up at its own concurrency, see specledger.measure.procedure); a point is measured once
 for all its arms and cached, so two drafters in one ledger share the baseline run. The
 session also decides what a measurement may be compared with (the machine fingerprint),
 refuses to record on a busy machine, and says when a point needs more repeats. With ``starts``
@@ -28,6 +28,7 @@ from specledger.ledger.io import remove_stale_temporaries
 from specledger.ledger.model import SCHEMA_VERSION
 from specledger.ledger.selection import point_label
 from specledger.measure import engines, fingerprint, procedure, recording, replication
+from specledger.measure.engine_pool import EnginePool
 from specledger.render.tables import config_differences
 
 if TYPE_CHECKING:
@@ -38,12 +39,6 @@ Progress = Callable[[str], None]
 
 class BusyMachine(SpecledgerError, RuntimeError):
     """Recording refused: other processes are using the CPU, and their load would land in the figures."""
-
-
-def recorded_kv_blocks(ledger: Ledger) -> dict[str, int]:
-    """Each arm's KV block count as the ledger recorded it ($.arms[*].kv_cache.num_blocks), for pinned starts."""
-    return {arm["name"]: int(arm["kv_cache"]["num_blocks"]) for arm in ledger.arms
-            if (arm.get("kv_cache") or {}).get("num_blocks")}
 
 
 class SuiteSession:
@@ -87,113 +82,28 @@ class SuiteSession:
                              "at least 2, with several starts (--ledger-starts) or --ledger-add-start")
         self.start_repeats = start_repeats
         self._starts_added: set[tuple[str, tuple[str, float, int]]] = set()
+        self.pool = EnginePool(progress=progress, http=http, trusted=trusted, kv_sizing=kv_sizing)
         self.results: list[tuple[str, Any]] = []
         self._machines: dict[str, dict[str, Any] | None] = {}
-        self._arms: dict[str, dict[str, Any]] = {}
-        self._infos: dict[str, dict[str, Any]] = {}
         self._cache: dict[tuple[str, tuple[str, float, int]], procedure.PointMeasurement] = {}
         self._recorded: dict[str, Ledger] = {}
         self._started = time.monotonic()
         self._started_at = _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
-        self._failed_start: dict[str, BaseException] = {}
-        self._failed_arms: dict[str, dict[str, BaseException]] = {}
-        self._model_build_s: dict[str, float] = {}
         self._stored: set[tuple[str, tuple[str, float, int]]] = set()
         self._targets: dict[Path, Path] = {}
-        self._engine_starts_s: dict[str, float] = {}
-        self._open_specs: tuple[str, list[engines.ArmSpec]] | None = None  # (ledger id, its arms) of open engines
-        self._shared_with: dict[str, str] = {}  # ledger id -> the ledger whose engines it measured on
 
-    # -- engines -----------------------------------------------------------------------------------------
+    # -- engines (specledger.measure.engine_pool) ----------------------------------------------------------
     def arms_for(self, ledger: Ledger) -> dict[str, Any]:
         """The ledger's arms (in-process engines, or HTTP endpoints in HTTP mode), started and warmed once."""
-        if ledger.id in self._failed_start:
-            from specledger.ledger.trust import UntrustedLedger
-
-            if isinstance(self._failed_start[ledger.id], UntrustedLedger):
-                raise self._failed_start[ledger.id]
-            raise RuntimeError(f"{ledger.id}: engines failed to start earlier in this session") \
-                from self._failed_start[ledger.id]
-        if ledger.id not in self._arms:
-            from specledger.ledger import trust
-            from specledger.models import resolve_model
-
-            try:  # before the model build: an untrusted ledger is refused at once
-                if self.http is None or self.http.urls is None:
-                    trust.check(ledger.data, str(ledger.path), trusted=self.trusted)
-            except BaseException as exc:
-                self._failed_start[ledger.id] = exc
-                raise
-            t_model = time.monotonic()
-            model = resolve_model(ledger.data["target"]["model"])
-            t0 = time.monotonic()
-            self._model_build_s[ledger.id] = t0 - t_model
-            specs = None if self.http is not None else \
-                engines.arm_specs(ledger.data, model, source=str(ledger.path), trusted=self.trusted)
-            if specs is not None and self.kv_sizing == "pinned":
-                try:
-                    specs = engines.pinned(specs, recorded_kv_blocks(ledger))
-                except ValueError as exc:
-                    self._failed_start[ledger.id] = exc
-                    raise ValueError(f"{ledger.path}: $.arms[*].kv_cache.num_blocks: --ledger-kv-sizing pinned: "
-                                     f"{exc}") from exc
-            if specs is not None and self._open_specs is not None \
-                    and all(spec in self._open_specs[1] for spec in specs):
-                return self._share_engines(ledger, self._open_specs[0], specs)
-            # One ledger's engines at a time: idle vLLM engines still take CPU (the CPU
-            # engine's workers spin), which would skew the next ledger's measurements.
-            self.close()
-            failures: dict[str, BaseException] = {}
-            try:
-                if specs is None:
-                    arms = self.http.open(ledger, model, self.progress)
-                else:
-                    started = engines.start_arms(specs, progress=self.progress, failures=failures)
-                    arms = {arm.spec.name: arm for arm in started}
-                    self._open_specs = (ledger.id, specs)
-            except BaseException as exc:
-                self._failed_start[ledger.id] = exc
-                raise
-            self._failed_arms[ledger.id] = failures
-            self._engine_starts_s[ledger.id] = self._engine_starts_s.get(ledger.id, 0.0) + time.monotonic() - t0
-            self._arms[ledger.id] = arms
-            self._infos[ledger.id] = {name: arm.info for name, arm in arms.items()}
-            self.progress(f"{ledger.id}: {len(arms)} arms up in {time.monotonic() - t0:.0f} s")
-            diffs = config_differences({n: i["effective_config"] for n, i in self._infos[ledger.id].items()})
-            for key, values in diffs.items():
-                self.progress(f"{ledger.id}: arms differ in {key}: {values}")
-        return self._arms[ledger.id]
-
-    def _share_engines(self, ledger: Ledger, owner: str, specs: list[engines.ArmSpec]) -> dict[str, Any]:
-        """Measure `ledger` on the engines `owner` started: each of its arms is one of them (same name, model,
-        engine arguments and environment), so a second start would cost GPU seconds (and a minute an arm on
-        a slow CPU) and buy nothing. Engines it does not use close first: an idle engine still takes CPU.
-        Its KV cache and effective config are those engines'; its provenance names the owner."""
-        names = {spec.name for spec in specs}
-        owned = self._arms[owner]
-        extra = {name: arm for name, arm in owned.items() if name not in names}
-        for arm in extra.values():
-            arm.close()
-        if extra:  # a ledger that held a closed engine starts its arms again when it next measures
-            self._arms = {lid: arms for lid, arms in self._arms.items()
-                          if not any(arm is gone for arm in arms.values() for gone in extra.values())}
-            self._open_specs = (ledger.id, specs)
-        self._arms[ledger.id] = {name: arm for name, arm in owned.items() if name in names}
-        self._infos[ledger.id] = {name: info for name, info in self._infos[owner].items() if name in names}
-        self._failed_arms[ledger.id] = {name: exc for name, exc in self._failed_arms.get(owner, {}).items()
-                                        if name in names}
-        self._engine_starts_s[ledger.id] = 0.0
-        self._shared_with[ledger.id] = owner
-        closed = f"; closed {', '.join(sorted(extra))}, which it does not use" if extra else ""
-        self.progress(f"{ledger.id}: measured on the engines of {owner} (the same arms: no second start{closed})")
-        return self._arms[ledger.id]
+        return self.pool.arms_for(ledger)
 
     def arm_failure(self, ledger: Ledger, arm: str) -> BaseException | None:
         """The start error of an arm that could not start (its tests fail with it)."""
-        return self._failed_arms.get(ledger.id, {}).get(arm)
+        return self.pool.arm_failure(ledger, arm)
 
     def infos(self, ledger_id: str) -> dict[str, Any]:
-        return self._infos.get(ledger_id, {})
+        """The ledger's arm infos by arm name; empty before its engines started."""
+        return self.pool.infos(ledger_id)
 
     # -- measuring ---------------------------------------------------------------------------------------
     def over_budget(self) -> str | None:
@@ -216,7 +126,7 @@ class SuiteSession:
         None, and not kept, before the ledger's engines are up: a fingerprint taken then would say nothing, and
         kept it made every later point of the run comparable with any machine)."""
         if ledger.id not in self._machines:
-            infos = self._infos.get(ledger.id) or {}
+            infos = self.pool.infos(ledger.id)
             info = next(iter(infos.values()), None)
             if self.http is None and not info:
                 return None
@@ -438,7 +348,8 @@ class SuiteSession:
             self._recorded[ledger.id] = working
             for stale in remove_stale_temporaries(self._target_path(ledger)):  # a killed run's leftovers
                 self.progress(f"{ledger.id}: removed {stale}, left by an interrupted write")
-            for line in recording.kv_cache_drift(ledger.arms, self._infos[ledger.id]):  # once, at the first store
+            # once, at the first store
+            for line in recording.kv_cache_drift(ledger.arms, self.pool.infos_by_ledger[ledger.id]):
                 self.progress(f"{ledger.id}: {line}; provenance.runs keeps each run's")
         data = working.data
         points = [p for p in data.get("points", [])
@@ -447,14 +358,14 @@ class SuiteSession:
         points.sort(key=lambda p: (p["workload"], p["temperature"], p["concurrency"]))
         data["points"] = points
         replication.pool_start_intervals(working)  # every interval over the starts, spread pooled over the points
-        facts = recording.arm_facts(working, self._infos[ledger.id])
+        facts = recording.arm_facts(working, self.pool.infos_by_ledger[ledger.id])
         for arm in data["arms"]:
             arm.update(facts.get(arm["name"], {}))
         data["status"] = "measured"
         data["schema_version"] = SCHEMA_VERSION
         data["protocol"] = procedure.protocol_for(working)
         previous = data.get("provenance")
-        prov = recording.provenance(self._infos[ledger.id], command=self.command,
+        prov = recording.provenance(self.pool.infos_by_ledger[ledger.id], command=self.command,
                                   wall_s=time.monotonic() - self._started, root=self.root,
                                   machine=self.machine(ledger))
         prov["time_s"] = self.time_breakdown(ledger.id)
@@ -488,12 +399,12 @@ class SuiteSession:
         measurement, and staging before the run when ``SPECLEDGER_STAGING_S`` says (the visit's own
         count, which this process cannot see)."""
         walls = [m.wall_s for (lid, _), m in self._cache.items() if lid == ledger_id]
-        builds = {name: round(seconds, 1) for name, info in self._infos.get(ledger_id, {}).items()
+        builds = {name: round(seconds, 1) for name, info in self.pool.infos(ledger_id).items()
                   if (seconds := engines.build_seconds(info)) is not None}
-        shared_with = self._shared_with.get(ledger_id)
+        shared_with = self.pool.shared_with(ledger_id)
         out: dict[str, Any] = {
-            "model_build": round(self._model_build_s.get(ledger_id, 0.0), 1),
-            "engine_starts": round(self._engine_starts_s.get(ledger_id, 0.0), 1),
+            "model_build": round(self.pool.model_build_s(ledger_id), 1),
+            "engine_starts": round(self.pool.engine_starts_s(ledger_id), 1),
             "engine_builds": {} if shared_with else builds,  # the owner's provenance counts them
             "measurement": round(sum(walls), 1),
             "points": len(walls),
@@ -516,7 +427,7 @@ class SuiteSession:
 
     def summary_lines(self) -> list[str]:
         lines = []
-        for lid, infos in self._infos.items():
+        for lid, infos in self.pool.infos_by_ledger.items():
             diffs = config_differences({n: i["effective_config"] for n, i in infos.items()})
             lines.append(f"specledger {lid}: effective-config differences between arms (beyond the drafter): "
                          + ("none" if not diffs else ""))
@@ -526,7 +437,7 @@ class SuiteSession:
                 kv = info["kv_cache"]
                 lines.append(f"  KV cache {name}: {kv['tokens']} tokens "
                              f"({kv['num_blocks']} blocks x {kv['block_size']})")
-        for lid in self._infos:
+        for lid in self.pool.infos_by_ledger:
             t = self.time_breakdown(lid)
             lines.append(f"specledger {lid} seconds: "
                          + (f"staging {t['staging']}, " if "staging" in t else "")
@@ -551,11 +462,5 @@ class SuiteSession:
         return lines
 
     def close(self) -> None:
-        closed: set[int] = set()
-        for arms in self._arms.values():
-            for arm in arms.values():
-                if id(arm) not in closed:  # ledgers that shared engines hold the same ones
-                    closed.add(id(arm))
-                    arm.close()
-        self._arms.clear()
-        self._open_specs = None
+        """Close the open engines (between engine starts, and at the session's end)."""
+        self.pool.close()
