@@ -1055,6 +1055,25 @@ def test_the_session_adds_a_start_once_per_point_and_never_from_another_machine(
     assert plain._point_to_store(ledger, measured) is measured.point
 
 
+def test_a_point_new_to_the_ledger_is_stored_as_its_one_start_by_every_arm(monkeypatch):
+    """With --ledger-add-start, a point the ledger lacks is stored by its first arm's test; the other arms' stores
+    must not join that start with itself (the 2026-12-04 H200 visit did: four free-form points came back with their
+    one start twice, a zero between-start spread that made the pooled spread look tighter)."""
+    from specledger.measure.session import SuiteSession
+
+    ledger = _ledger_with_arms()
+    workload = ledger.data["workloads"][0]["name"]
+    key = (workload, 0.0, 2)
+    measured = procedure.PointMeasurement(key, recording.build_point(ledger, *key, _runs([100, 99], [150, 149])))
+    session = SuiteSession(root=ROOT, record=True, add_start=True, progress=lambda _: None)
+    monkeypatch.setattr(session, "not_comparable", lambda *_: None)
+    first = session._point_to_store(ledger, measured)
+    assert first is measured.point
+    ledger.data["points"] = [first]  # what store() leaves in the working ledger
+    again = session._point_to_store(ledger, measured)  # the second arm's store
+    assert again is first
+    assert "start" not in again["arms"]["spec"]["window"]  # one start: no start names, no second start
+
 def test_a_ledger_names_the_repeats_of_each_start_and_bounds_them_per_start():
     """Over engine starts the repeats bound holds per start (a point gathers starts across runs, so its total may
     pass protocol.repeats.max); window.start must name one start per repeat, and each start at least a pair."""

@@ -82,6 +82,7 @@ class SuiteSession:
                              "at least 2, with several starts (--ledger-starts) or --ledger-add-start")
         self.start_repeats = start_repeats
         self._starts_added: set[tuple[str, tuple[str, float, int]]] = set()
+        self._first_stored: set[tuple[str, tuple[str, float, int]]] = set()  # points this run measured first
         self.pool = EnginePool(progress=progress, http=http, trusted=trusted, kv_sizing=kv_sizing)
         self.results: list[tuple[str, Any]] = []
         self._machines: dict[str, dict[str, Any] | None] = {}
@@ -324,10 +325,13 @@ class SuiteSession:
         """The measured point, or with ``add_start`` the ledger's point with this run's start(s) added (once per
         point: every arm's test stores the same measurement)."""
         existing = working.find_point(*measured.key)
-        if not self.add_start or existing is None:
-            return measured.point
         done = (working.id, measured.key)
-        if done in self._starts_added:
+        if not self.add_start or existing is None:
+            self._first_stored.add(done)
+            return measured.point
+        if done in self._starts_added or done in self._first_stored:
+            # every arm's test stores the same measurement: a point this run recorded first is not joined with
+            # itself (that doubled its one start into two alike, a zero between-start spread: 2026-12-04 visit)
             return existing
         why = self.not_comparable(working, measured.key)
         if why is not None:
