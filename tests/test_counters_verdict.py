@@ -1074,6 +1074,7 @@ def test_a_point_new_to_the_ledger_is_stored_as_its_one_start_by_every_arm(monke
     assert again is first
     assert "start" not in again["arms"]["spec"]["window"]  # one start: no start names, no second start
 
+
 def test_a_ledger_names_the_repeats_of_each_start_and_bounds_them_per_start():
     """Over engine starts the repeats bound holds per start (a point gathers starts across runs, so its total may
     pass protocol.repeats.max); window.start must name one start per repeat, and each start at least a pair."""
