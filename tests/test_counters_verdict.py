@@ -1097,6 +1097,34 @@ def test_a_ledger_names_the_repeats_of_each_start_and_bounds_them_per_start():
         _schema_valid(ledger, lonely)
 
 
+def test_a_point_of_one_start_is_bounded_per_start_where_the_ledger_pools_its_arm_over_starts():
+    """A point new to a ledger that pools an arm's spread over starts (start_spread) comes as one start of
+    --ledger-start-repeats windows: its interval is taken with the pooled spread, so its few repeats are a start's
+    share (2..max), not a lone run's protocol.repeats.min. Without start_spread for the arm the lone-run bound holds."""
+    from specledger.ledger.model import LedgerError
+
+    ledger = _ledger_with_arms()
+    workload = ledger.data["workloads"][0]["name"]
+    point = recording.build_point(ledger, workload, 0.0, 2, _started_runs([([100, 101, 99], [130, 131, 129])]))
+    assert point["arms"]["spec"]["window"]["start"] == [0, 0, 0]
+    low = DEFAULT_PROTOCOL["repeats"]["min"]
+    assert low > 3
+    with pytest.raises(LedgerError, match=rf"\$\.points\[0\]\.arms\.spec\.output_tokens_per_s\.repeats: 3 "
+                                          rf"repeats, outside protocol\.repeats {low}\.\."):
+        _schema_valid(ledger, point)
+    spread = {"log_sd": 0.1, "df": 4, "points": 2}
+    pooled = Ledger(None, {**copy.deepcopy(ledger.data),
+                           "start_spread": {arm: {"multiplier": spread, "output_tokens_per_s": spread}
+                                            for arm in ("baseline", "spec")}})
+    _schema_valid(pooled, point)
+    lonely = copy.deepcopy(point)
+    for arm in ("baseline", "spec"):
+        lonely["arms"][arm]["output_tokens_per_s"]["repeats"] = lonely["arms"][arm]["output_tokens_per_s"]["repeats"][:1]
+        lonely["arms"][arm]["window"]["start"] = [0]
+    with pytest.raises(LedgerError, match=r"engine start 0 has 1 repeats, outside 2\.\."):
+        _schema_valid(pooled, lonely)
+
+
 def test_repeats_per_start_are_a_setting_of_several_starts_only():
     """``--ledger-start-repeats``: each start's share of the windows, where a point's interval is taken over
     starts. It means nothing for a run of one start that is not added to others, and a start needs two pairs."""

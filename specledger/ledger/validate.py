@@ -347,6 +347,7 @@ def _figure_problems(data: dict[str, Any], file: str) -> list[Problem]:
     sweep = data.get("sweep") if isinstance(data.get("sweep"), dict) else {}
     protocol = data.get("protocol") if isinstance(data.get("protocol"), dict) else {}
     bounds = protocol.get("repeats") if isinstance(protocol.get("repeats"), dict) else {}
+    pooled_arms = set(data["start_spread"]) if isinstance(data.get("start_spread"), dict) else set()
     for i, point in enumerate(data.get("points") or []):
         if not isinstance(point, dict) or not isinstance(point.get("arms"), dict):
             continue
@@ -380,9 +381,12 @@ def _figure_problems(data: dict[str, Any], file: str) -> list[Problem]:
                 if v3 and starts is not None and len(starts) != len(reps):
                     problems.append(Problem(file, json_path([*where, "window", "start"]),
                                             f"{len(starts)} engine starts named for {len(reps)} repeats"))
-                elif v3 and starts is not None and len(set(starts)) >= 2 and type(high) is int:
+                elif v3 and starts is not None and type(high) is int and (len(set(starts)) >= 2
+                                                                           or name in pooled_arms):
                     # over several engine starts each start has its share of the repeats (at least a pair), and a
-                    # point gathers starts across runs (--ledger-add-start): the bound holds per start
+                    # point gathers starts across runs (--ledger-add-start): the bound holds per start. So it does
+                    # for a point of one start where the ledger pools the arm's spread over starts (start_spread):
+                    # that point's interval is taken with the pooled spread, not from its own few repeats
                     for start in dict.fromkeys(starts):
                         n = starts.count(start)
                         if not 2 <= n <= high:
