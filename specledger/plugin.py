@@ -268,13 +268,15 @@ def check_point(session: Any, point: LedgerPoint, item: pytest.Item | None = Non
     committed = point.ledger.find_point(*point.key)
     # scipy: imported once a ledger point runs, not when pytest loads the plugin
     from specledger.analysis import verdict
+    from specledger.ledger.model import LedgerError
     from specledger.ledger.trust import UntrustedLedger
     from specledger.measure.http.server_metrics import EndpointError
     from specledger.measure.replication import StartMismatch
+    from specledger.measure.session import StoreRefused
 
     try:
         measured = session.measure(point.ledger, point.key)
-    except (UntrustedLedger, EndpointError) as exc:  # the message says what failed and where (file or URL)
+    except (UntrustedLedger, EndpointError, StoreRefused) as exc:  # the message says what failed, where (file, URL)
         pytest.fail(f"{point.test_id}: {exc}", pytrace=False)
     failure = session.arm_failure(point.ledger, point.arm)
     if failure is not None:
@@ -282,7 +284,8 @@ def check_point(session: Any, point: LedgerPoint, item: pytest.Item | None = Non
     if session.record:
         try:
             session.store(point.ledger, measured)
-        except (FileExistsError, StartMismatch) as exc:  # two ledgers, one file name; a start that cannot join
+        except (FileExistsError, StartMismatch, LedgerError) as exc:  # two ledgers, one file name; a start that
+            # cannot join; a point the ledger's rules refuse (the session then measures no later point of it)
             pytest.fail(f"{point.test_id}: not recorded: {exc}", pytrace=False)
         bar = verdict.policy_bar(point.ledger, point.arm, measured.point) \
             if point.ledger.arm(point.arm)["role"] == "policy" else None

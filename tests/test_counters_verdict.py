@@ -1100,29 +1100,89 @@ def test_a_ledger_names_the_repeats_of_each_start_and_bounds_them_per_start():
 def test_a_point_of_one_start_is_bounded_per_start_where_the_ledger_pools_its_arm_over_starts():
     """A point new to a ledger that pools an arm's spread over starts (start_spread) comes as one start of
     --ledger-start-repeats windows: its interval is taken with the pooled spread, so its few repeats are a start's
-    share (2..max), not a lone run's protocol.repeats.min. Without start_spread for the arm the lone-run bound holds."""
+    share (2..max), not a lone run's protocol.repeats.min. A run of one start names no start (window.start is
+    absent: the 2026-12-04 16:25 H200 visit's four points were refused for it); a rejoin names start 0. Without
+    start_spread for the arm the lone-run bound holds."""
     from specledger.ledger.model import LedgerError
 
     ledger = _ledger_with_arms()
     workload = ledger.data["workloads"][0]["name"]
-    point = recording.build_point(ledger, workload, 0.0, 2, _started_runs([([100, 101, 99], [130, 131, 129])]))
-    assert point["arms"]["spec"]["window"]["start"] == [0, 0, 0]
+    as_run = recording.build_point(ledger, workload, 0.0, 2, _runs([100, 101, 99], [130, 131, 129]))
+    assert "start" not in as_run["arms"]["spec"]["window"]
+    named = recording.build_point(ledger, workload, 0.0, 2, _started_runs([([100, 101, 99], [130, 131, 129])]))
+    assert named["arms"]["spec"]["window"]["start"] == [0, 0, 0]
     low = DEFAULT_PROTOCOL["repeats"]["min"]
     assert low > 3
-    with pytest.raises(LedgerError, match=rf"\$\.points\[0\]\.arms\.spec\.output_tokens_per_s\.repeats: 3 "
-                                          rf"repeats, outside protocol\.repeats {low}\.\."):
-        _schema_valid(ledger, point)
     spread = {"log_sd": 0.1, "df": 4, "points": 2}
     pooled = Ledger(None, {**copy.deepcopy(ledger.data),
                            "start_spread": {arm: {"multiplier": spread, "output_tokens_per_s": spread}
                                             for arm in ("baseline", "spec")}})
-    _schema_valid(pooled, point)
-    lonely = copy.deepcopy(point)
+    for point in (as_run, named):
+        with pytest.raises(LedgerError, match=rf"\$\.points\[0\]\.arms\.spec\.output_tokens_per_s\.repeats: 3 "
+                                              rf"repeats, outside protocol\.repeats {low}\.\."):
+            _schema_valid(ledger, point)
+        _schema_valid(pooled, point)
+    lonely = copy.deepcopy(as_run)
     for arm in ("baseline", "spec"):
-        lonely["arms"][arm]["output_tokens_per_s"]["repeats"] = lonely["arms"][arm]["output_tokens_per_s"]["repeats"][:1]
-        lonely["arms"][arm]["window"]["start"] = [0]
-    with pytest.raises(LedgerError, match=r"engine start 0 has 1 repeats, outside 2\.\."):
+        thr = lonely["arms"][arm]["output_tokens_per_s"]
+        thr["repeats"] = thr["repeats"][:1]
+    with pytest.raises(LedgerError, match=r"\$\.points\[0\]\.arms\.spec\.output_tokens_per_s\.repeats: engine "
+                                          r"start 0 has 1 repeats, outside 2\.\."):
         _schema_valid(pooled, lonely)
+
+
+def test_the_qwen_ledger_takes_a_new_point_of_one_three_repeat_start_as_a_recording_stores_it():
+    """What a GPU visit with --ledger-add-start --ledger-start-repeats 3 stores at a point the ledger lacks: the
+    committed H200 ledger, a new free-form c=4 point of three untagged windows per arm, the spread pooled again as
+    ``SuiteSession.store`` does, then written and read back. The 2026-12-04 16:25 visit failed exactly here (every
+    store refused, 1,340 device seconds with nothing written)."""
+    from specledger.measure import replication
+
+    ledger = load_ledger(ROOT / "ledgers" / "h200-qwen2.5-coder-1.5b.json")
+    assert ledger.find_point("free-form", 0.0, 4) is None
+    c = {"drafts": 30, "draft_tokens": 120, "accepted_tokens": 30, "accepted_per_position": [15, 8, 5, 2]}
+    runs = {arm["name"]: [_window(t, counters_=c if arm["role"] == "speculative" else None)
+                          for t in ([1400.0, 1380.0, 1402.0] if "baseline" in arm["name"] else [540.0, 560.0, 547.0])]
+            for arm in ledger.arms}
+    working = Ledger(ledger.path, copy.deepcopy(ledger.data))
+    working.data["points"].append(recording.build_point(working, "free-form", 0.0, 4, runs))
+    working.data["points"].sort(key=lambda p: (p["workload"], p["temperature"], p["concurrency"]))
+    working.data["protocol"] = procedure.protocol_for(working)
+    replication.pool_start_intervals(working)
+    back = parse_ledger(dump_ledger(working.data), "recorded.json")
+    new = back.find_point("free-form", 0.0, 4)
+    assert len(new["arms"]["ngram"]["output_tokens_per_s"]["repeats"]) == 3
+    assert back.data["start_spread"] == ledger.data["start_spread"]  # one start adds no degree of freedom
+
+
+def test_a_refused_store_stops_the_recording_of_its_ledger_before_the_next_point_is_measured(monkeypatch):
+    """A point the ledger's rules refuse stays in the working ledger, so every later store of that ledger is refused
+    too: the session must say so before measuring the next point, not after (the 2026-12-04 16:25 visit measured
+    three more points, about 740 device seconds, each refused in turn). The refused point's own other arms still
+    get its measurement; another ledger is not affected."""
+    from specledger.ledger.model import LedgerError, Problem
+    from specledger.measure.session import StoreRefused, SuiteSession
+
+    ledger = load_ledger(ROOT / "ledgers" / "h200-qwen2.5-coder-1.5b.json")
+    key = ("free-form", 0.0, 4)
+    session = SuiteSession(root=ROOT, record=True, progress=lambda _: None)
+    measured = procedure.PointMeasurement(key, {})
+    session._cache[(ledger.id, key)] = measured
+
+    def refuse(*_):
+        raise LedgerError([Problem("recorded.json", "$.points[8]", "3 repeats, outside protocol.repeats 6..10")])
+
+    monkeypatch.setattr(session, "_store", refuse)
+    monkeypatch.setattr(session, "arms_for", lambda _: pytest.fail("no engine may be asked for after a refusal"))
+    with pytest.raises(LedgerError):
+        session.store(ledger, measured)
+    assert session.measure(ledger, key) is measured  # the same point's other arms: its one measurement
+    with pytest.raises(StoreRefused, match=r"copy:1:8 not measured: storing free-form:0:4 was refused: "
+                                           r"recorded\.json: \$\.points\[8\]: 3 repeats"):
+        session.measure(ledger, ("copy", 1.0, 8))
+    other = Ledger(ledger.path, {**copy.deepcopy(ledger.data), "id": "another"})
+    with pytest.raises(pytest.fail.Exception, match="no engine may be asked for"):
+        session.measure(other, ("copy", 1.0, 8))
 
 
 def test_repeats_per_start_are_a_setting_of_several_starts_only():

@@ -381,16 +381,19 @@ def _figure_problems(data: dict[str, Any], file: str) -> list[Problem]:
                 if v3 and starts is not None and len(starts) != len(reps):
                     problems.append(Problem(file, json_path([*where, "window", "start"]),
                                             f"{len(starts)} engine starts named for {len(reps)} repeats"))
-                elif v3 and starts is not None and type(high) is int and (len(set(starts)) >= 2
-                                                                           or name in pooled_arms):
+                elif v3 and type(high) is int and ((starts is not None and len(set(starts)) >= 2)
+                                                   or name in pooled_arms):
                     # over several engine starts each start has its share of the repeats (at least a pair), and a
                     # point gathers starts across runs (--ledger-add-start): the bound holds per start. So it does
                     # for a point of one start where the ledger pools the arm's spread over starts (start_spread):
-                    # that point's interval is taken with the pooled spread, not from its own few repeats
-                    for start in dict.fromkeys(starts):
-                        n = starts.count(start)
+                    # that point's interval is taken with the pooled spread, not from its own few repeats. A run
+                    # of one start names no start (window.start is absent): its repeats are that one start's
+                    named = starts if starts is not None else [0] * len(reps)
+                    field = ["window", "start"] if starts is not None else ["output_tokens_per_s", "repeats"]
+                    for start in dict.fromkeys(named):
+                        n = named.count(start)
                         if not 2 <= n <= high:
-                            problems.append(Problem(file, json_path([*where, "window", "start"]),
+                            problems.append(Problem(file, json_path([*where, *field]),
                                                     f"engine start {start} has {n} repeats, outside 2..{high}"))
                 elif v3 and type(low) is int and type(high) is int and not low <= len(reps) <= high:
                     problems.append(Problem(file, json_path([*where, "output_tokens_per_s", "repeats"]),

@@ -25,7 +25,7 @@ from specledger.analysis import verdict
 from specledger.errors import SpecledgerError
 from specledger.ledger import Ledger, figures, write_ledger
 from specledger.ledger.io import remove_stale_temporaries
-from specledger.ledger.model import SCHEMA_VERSION
+from specledger.ledger.model import SCHEMA_VERSION, LedgerError
 from specledger.ledger.selection import point_label
 from specledger.measure import engines, fingerprint, procedure, recording, replication
 from specledger.measure.engine_pool import EnginePool
@@ -39,6 +39,11 @@ Progress = Callable[[str], None]
 
 class BusyMachine(SpecledgerError, RuntimeError):
     """Recording refused: other processes are using the CPU, and their load would land in the figures."""
+
+
+class StoreRefused(SpecledgerError, RuntimeError):
+    """Not measured: an earlier point of this ledger was measured and then refused by the ledger's own rules, and
+    every later point would be refused with it (the working ledger holds the refused point)."""
 
 
 class SuiteSession:
@@ -92,6 +97,7 @@ class SuiteSession:
         self._started_at = _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
         self._stored: set[tuple[str, tuple[str, float, int]]] = set()
         self._targets: dict[Path, Path] = {}
+        self._refused: dict[str, str] = {}  # ledger id -> why a store was refused (no point of it is measured after)
 
     # -- engines (specledger.measure.engine_pool) ----------------------------------------------------------
     def arms_for(self, ledger: Ledger) -> dict[str, Any]:
@@ -210,6 +216,10 @@ class SuiteSession:
 
     def measure(self, ledger: Ledger, key: tuple[str, float, int]) -> procedure.PointMeasurement:
         cache_key = (ledger.id, key)
+        if cache_key not in self._cache and ledger.id in self._refused:
+            # a GPU visit once measured four more points (1,340 device seconds) that were each refused in turn
+            raise StoreRefused(f"{ledger.path}: {point_label(key)} not measured: {self._refused[ledger.id]}; every "
+                               "later point of this ledger would be refused with it")
         if cache_key not in self._cache:
             if self.starts > 1:
                 self._measure_in_starts(ledger, key)
@@ -344,7 +354,16 @@ class SuiteSession:
         return point
 
     def store(self, ledger: Ledger, measured: procedure.PointMeasurement) -> Path:
-        """Upsert the point into the ledger and write it atomically right away: a crash loses one point."""
+        """Upsert the point into the ledger and write it atomically right away: a crash loses one point. A point
+        the ledger's rules refuse stops the recording of that ledger (``StoreRefused``), since the working ledger
+        now holds it and would refuse every later point too."""
+        try:
+            return self._store(ledger, measured)
+        except LedgerError as exc:
+            self._refused.setdefault(ledger.id, f"storing {point_label(measured.key)} was refused: {exc}")
+            raise
+
+    def _store(self, ledger: Ledger, measured: procedure.PointMeasurement) -> Path:
         self._stored.add((ledger.id, measured.key))
         working = self._recorded.get(ledger.id)
         if working is None:
