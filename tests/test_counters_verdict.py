@@ -12,7 +12,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from repo_paths import ROOT
 
-from specledger.analysis import verdict
+from specledger.analysis import policy_bar, verdict
 from specledger.ledger import Ledger, dump_ledger, load_ledger, parse_ledger, selection
 from specledger.ledger.model import DEFAULT_PROTOCOL
 from specledger.measure import counters, driver, fingerprint, procedure, recording
@@ -222,9 +222,9 @@ def _ledger_with_arms() -> Ledger:
     return Ledger(None, data)
 
 
-def _schema_valid(ledger: Ledger, point: dict) -> None:
+def _schema_valid(ledger: Ledger, point: dict, *others: dict) -> None:
     data = copy.deepcopy(ledger.data)
-    data["points"] = [point]
+    data["points"] = [point, *others]
     data["protocol"] = copy.deepcopy(DEFAULT_PROTOCOL)
     for section in ("critical_concurrency", "claims"):  # they name the fixture's own arms
         data.pop(section, None)
@@ -447,10 +447,10 @@ def _policy_point(base: float, ngram: float, policy: float, ngram_range: float =
 def test_policy_arm_passes_within_both_repeat_ranges():
     ledger = load_ledger(POLICY)
     # policy 28.0 (no range) against ngram 30.0 [29.0..31.0]: worse by exactly ngram's range
-    bar = verdict.policy_bar(ledger, "policy-ngram", _policy_point(20.0, 30.0, 28.0, ngram_range=2.0))
+    bar = policy_bar.legacy_bar(ledger, "policy-ngram", _policy_point(20.0, 30.0, 28.0, ngram_range=2.0))
     assert bar is not None and bar.ok and bar.low == pytest.approx(28.0)
     assert "ngram (best fixed) median 30.000" in bar.line()
-    bar = verdict.policy_bar(ledger, "policy-ngram", _policy_point(20.0, 30.0, 27.9, ngram_range=2.0))
+    bar = policy_bar.legacy_bar(ledger, "policy-ngram", _policy_point(20.0, 30.0, 27.9, ngram_range=2.0))
     assert bar is not None and not bar.ok
 
 
@@ -461,7 +461,7 @@ def test_policy_arm_running_the_same_k_as_the_best_arm_passes():
     point = _policy_point(29.4, 44.8, 43.8)
     point["arms"]["ngram"]["output_tokens_per_s"].update(min=44.4, max=45.3)
     point["arms"]["policy-ngram"]["output_tokens_per_s"].update(min=42.7, max=44.2)
-    bar = verdict.policy_bar(ledger, "policy-ngram", point)
+    bar = policy_bar.legacy_bar(ledger, "policy-ngram", point)
     assert bar is not None and bar.ok
     assert bar.low == pytest.approx(44.8 - 0.9 - 1.5)
 
@@ -483,7 +483,7 @@ def test_policy_bar_holds_wherever_the_derivation_saw_overlapping_ranges(best, p
     for name, values in (("ngram", best), ("policy-ngram", policy)):
         point["arms"][name]["output_tokens_per_s"] = {
             "median": statistics.median(values), "min": min(values), "max": max(values), "repeats": values}
-    bar = verdict.policy_bar(ledger, "policy-ngram", point)
+    bar = policy_bar.legacy_bar(ledger, "policy-ngram", point)
     assert bar is not None and "ngram" in bar.reference
     assert bar.measured >= bar.low - 1e-9  # float rounding of the sum only
 
@@ -493,10 +493,10 @@ def test_policy_arm_below_the_best_fixed_arm_fails():
     # the first CPU attempt at c=2: k=0 from batch size 2 against ngram k=4
     point = _policy_point(24.8, 36.1, 22.9, ngram_range=7.1)
     point["arms"]["policy-ngram"]["output_tokens_per_s"].update(min=20.5, max=23.1)
-    bar = verdict.policy_bar(ledger, "policy-ngram", point)
+    bar = policy_bar.legacy_bar(ledger, "policy-ngram", point)
     assert bar is not None and not bar.ok and "OUT OF TOLERANCE" in bar.line()
     # where the baseline is the best choice, the bar follows the baseline
-    bar = verdict.policy_bar(ledger, "policy-ngram", _policy_point(40.0, 30.0, 40.0))
+    bar = policy_bar.legacy_bar(ledger, "policy-ngram", _policy_point(40.0, 30.0, 40.0))
     assert bar.ok and "baseline (best fixed)" in bar.line()
 
 
@@ -515,6 +515,88 @@ def test_a_policy_bar_is_asserted_on_the_recording_machine_and_shown_elsewhere()
     assert not any(c.metric.startswith("policy arm") for c in elsewhere.checks)
     note = next(n for n in elsewhere.notes if n.startswith("policy arm"))
     assert "OUT OF TOLERANCE; not asserted: another machine: cpu_family '25' vs '26'" in note
+
+
+def _scheduled_policy_ledger(schedule: list[list[int]]) -> Ledger:
+    data = copy.deepcopy(_policy_ledger().data)
+    arm = next(a for a in data["arms"] if a["name"] == "policy-ngram")
+    arm["speculative_config"]["num_speculative_tokens_per_batch_size"] = schedule
+    return Ledger(None, data)
+
+
+def _v3_policy_point(c: int, reps: dict[str, list[float]], draft_tokens: dict[str, int]) -> dict:
+    arms: dict = {}
+    for name, values in reps.items():
+        arms[name] = {"output_tokens_per_s": {"repeats": values, "median": statistics.median(values),
+                                              "mean": statistics.fmean(values)}}
+        if name in draft_tokens:
+            arms[name]["acceptance"] = {"from": "pass", "requests": 43, "drafts": draft_tokens[name] // 4,
+                                        "draft_tokens": draft_tokens[name]}
+    return {"workload": "copy", "temperature": 0.0, "concurrency": c, "protocol_version": 3, "arms": arms}
+
+
+def _failed(checks) -> list[str]:
+    return [c.metric for c in checks if not c.ok]
+
+
+def test_a_v3_policy_arm_holds_against_the_best_fixed_arm_within_the_interval_of_their_ratio():
+    """On v3 the bar is the paired ratio policy / best fixed arm with its 95% interval: running the same k as the best
+    arm (noisy windows, 3% apart) it holds; 10% behind it holds (inside the 15% tolerance); 25% behind with tight
+    windows the whole interval is below 0.85, and it fails. The best fixed arm is chosen by mean, the baseline too."""
+    ledger = _scheduled_policy_ledger([[1, 8, 4]])
+    base, ngram = [40.0, 42.0, 41.0, 43.0, 40.5], [80.0, 86.0, 78.0, 84.0, 82.0]
+    drafts = {"ngram": 2300, "policy-ngram": 2290}
+
+    def checks(policy: list[float]) -> list:
+        point = _v3_policy_point(2, {"baseline": base, "ngram": ngram, "policy-ngram": policy}, drafts)
+        return policy_bar.policy_checks(ledger, "policy-ngram", point)
+
+    same_k = checks([82.5, 83.0, 80.0, 86.0, 81.0])
+    assert _failed(same_k) == [] and "of ngram (best fixed)" in same_k[0].line()
+    assert _failed(checks([v * 0.90 for v in ngram])) == []
+    behind = checks([v * 0.75 for v in ngram])
+    assert _failed(behind) == ["policy arm tok/s / best fixed arm's"]
+    assert "OUT OF TOLERANCE" in behind[0].line() and behind[0].ratio_high < 0.85
+    plain_best = _v3_policy_point(4, {"baseline": ngram, "ngram": base, "policy-ngram": ngram}, drafts)
+    (bar, _) = policy_bar.policy_checks(_scheduled_policy_ledger([[1, 2, 4], [3, 8, 0]]), "policy-ngram", plain_best)
+    assert bar.reference == "baseline (best fixed)"  # and no collapse check: the bar is already against it
+
+
+def test_the_collapse_check_catches_a_policy_arm_below_the_baseline_where_a_drafter_is_best():
+    """vLLM #49548: throughput collapsing across a schedule's boundary. Where the fixed drafter is the best arm, the
+    policy arm's ratio to the baseline is checked too, with the same rule."""
+    ledger = _scheduled_policy_ledger([[1, 8, 4]])
+    base, ngram = [40.0, 42.0, 41.0], [80.0, 86.0, 78.0]
+    point = _v3_policy_point(2, {"baseline": base, "ngram": ngram, "policy-ngram": [20.0, 23.0, 21.0]},
+                             {"ngram": 2300, "policy-ngram": 2290})
+    failed = _failed(policy_bar.policy_checks(ledger, "policy-ngram", point))
+    assert failed == ["policy arm tok/s / best fixed arm's", "policy arm tok/s / baseline's (collapse check)"]
+
+
+@pytest.mark.parametrize(("c", "policy_drafts", "ok"), [
+    (4, 22, True),      # k=0 band: the CPU engine's tail steps below the band (22 of the fixed arm's 293)
+    (4, 290, False),    # k=0 band drafting like the fixed arm: the schedule silently does nothing (vLLM #25112)
+    (2, 0, False),      # k=4 band drafting nothing: the schedule dropped the drafter where it should run
+    (2, 280, True),
+    (64, 0, True),      # beyond the last band vLLM carries its k (here 0)
+])
+def test_the_counters_say_whether_the_engine_runs_the_schedule(c, policy_drafts, ok):
+    ledger = _scheduled_policy_ledger([[1, 2, 4], [3, 8, 0]])
+    reps = {"baseline": [40.0, 41.0, 42.0], "ngram": [41.0, 42.0, 40.0], "policy-ngram": [40.5, 41.5, 41.0]}
+    point = _v3_policy_point(c, reps, {"ngram": 293, "policy-ngram": policy_drafts})
+    drafting = [ch for ch in policy_bar.policy_checks(ledger, "policy-ngram", point) if "draft tokens" in ch.metric]
+    assert len(drafting) == 1 and drafting[0].ok is ok
+    assert f"schedule k={policy_bar.scheduled_k(ledger.arm('policy-ngram')['speculative_config'], c)}" \
+        in drafting[0].metric
+
+
+def test_the_committed_cpu_policy_ledger_holds_every_v3_bar_on_its_own_recording():
+    """The schedule [[1,8,4]] recorded as a policy arm: every bar must hold on the figures it was recorded with
+    (CI verifies copy c=2 of it against a fresh run)."""
+    ledger = _policy_ledger()
+    for point in ledger.data["points"]:
+        checks = policy_bar.policy_checks(ledger, "policy-ngram", point)
+        assert len(checks) == 3 and _failed(checks) == [], [c.line() for c in checks]
 
 
 def test_runs_keep_who_measured_which_point_across_resumed_recordings():
@@ -1101,8 +1183,9 @@ def test_a_point_of_one_start_is_bounded_per_start_where_the_ledger_pools_its_ar
     """A point new to a ledger that pools an arm's spread over starts (start_spread) comes as one start of
     --ledger-start-repeats windows: its interval is taken with the pooled spread, so its few repeats are a start's
     share (2..max), not a lone run's protocol.repeats.min. A run of one start names no start (window.start is
-    absent: the 2026-12-04 16:25 H200 visit's four points were refused for it); a rejoin names start 0. Without
-    start_spread for the arm the lone-run bound holds."""
+    absent: the 2026-12-04 16:25 H200 visit's four points were refused for it); a rejoin names start 0. Where no
+    point has two starts, nothing is pooled and the lone-run bound holds. The rule reads the points, not the stated
+    start_spread, which the audit recomputes (a ledger whose start_spread is cut stays readable, for the audit)."""
     from specledger.ledger.model import LedgerError
 
     ledger = _ledger_with_arms()
@@ -1113,22 +1196,20 @@ def test_a_point_of_one_start_is_bounded_per_start_where_the_ledger_pools_its_ar
     assert named["arms"]["spec"]["window"]["start"] == [0, 0, 0]
     low = DEFAULT_PROTOCOL["repeats"]["min"]
     assert low > 3
-    spread = {"log_sd": 0.1, "df": 4, "points": 2}
-    pooled = Ledger(None, {**copy.deepcopy(ledger.data),
-                           "start_spread": {arm: {"multiplier": spread, "output_tokens_per_s": spread}
-                                            for arm in ("baseline", "spec")}})
+    two_starts = recording.build_point(ledger, workload, 0.0, 4, _started_runs([([100, 101, 99], [130, 131, 129]),
+                                                                                ([90, 91, 92], [120, 118, 119])]))
     for point in (as_run, named):
         with pytest.raises(LedgerError, match=rf"\$\.points\[0\]\.arms\.spec\.output_tokens_per_s\.repeats: 3 "
                                               rf"repeats, outside protocol\.repeats {low}\.\."):
             _schema_valid(ledger, point)
-        _schema_valid(pooled, point)
+        _schema_valid(ledger, point, two_starts)
     lonely = copy.deepcopy(as_run)
     for arm in ("baseline", "spec"):
         thr = lonely["arms"][arm]["output_tokens_per_s"]
         thr["repeats"] = thr["repeats"][:1]
     with pytest.raises(LedgerError, match=r"\$\.points\[0\]\.arms\.spec\.output_tokens_per_s\.repeats: engine "
                                           r"start 0 has 1 repeats, outside 2\.\."):
-        _schema_valid(pooled, lonely)
+        _schema_valid(ledger, lonely, two_starts)
 
 
 def test_the_qwen_ledger_takes_a_new_point_of_one_three_repeat_start_as_a_recording_stores_it():

@@ -347,7 +347,7 @@ def _figure_problems(data: dict[str, Any], file: str) -> list[Problem]:
     sweep = data.get("sweep") if isinstance(data.get("sweep"), dict) else {}
     protocol = data.get("protocol") if isinstance(data.get("protocol"), dict) else {}
     bounds = protocol.get("repeats") if isinstance(protocol.get("repeats"), dict) else {}
-    pooled_arms = set(data["start_spread"]) if isinstance(data.get("start_spread"), dict) else set()
+    pooled_arms = _arms_over_starts(points)
     for i, point in enumerate(data.get("points") or []):
         if not isinstance(point, dict) or not isinstance(point.get("arms"), dict):
             continue
@@ -385,9 +385,10 @@ def _figure_problems(data: dict[str, Any], file: str) -> list[Problem]:
                                                    or name in pooled_arms):
                     # over several engine starts each start has its share of the repeats (at least a pair), and a
                     # point gathers starts across runs (--ledger-add-start): the bound holds per start. So it does
-                    # for a point of one start where the ledger pools the arm's spread over starts (start_spread):
-                    # that point's interval is taken with the pooled spread, not from its own few repeats. A run
-                    # of one start names no start (window.start is absent): its repeats are that one start's
+                    # for a point of one start where the ledger can pool the arm's spread over starts (another
+                    # point has two or more): that point's interval is taken with the pooled spread
+                    # (start_spread, which the audit recomputes), not from its own few repeats. A run of one start
+                    # names no start (window.start is absent): its repeats are that one start's
                     named = starts if starts is not None else [0] * len(reps)
                     field = ["window", "start"] if starts is not None else ["output_tokens_per_s", "repeats"]
                     for start in dict.fromkeys(named):
@@ -408,6 +409,21 @@ def _figure_problems(data: dict[str, Any], file: str) -> list[Problem]:
             problems.append(Problem(file, json_path(["points", i]),
                                     "a measured point states no arm's repeats (output_tokens_per_s.repeats)"))
     return problems
+
+
+def _arms_over_starts(points: list[dict[str, Any]]) -> set[str]:
+    """Arms measured in two or more engine starts at some v3 point: the arms whose between-start spread the ledger
+    pools over its points (``figures.pooled_start_spreads``), so that every interval of theirs is taken with it."""
+    arms: set[str] = set()
+    for point in points:
+        if point.get("protocol_version") != 3 or not isinstance(point.get("arms"), dict):
+            continue
+        for name, result in point["arms"].items():
+            window = result.get("window") if isinstance(result, dict) else None
+            starts = window.get("start") if isinstance(window, dict) else None
+            if isinstance(starts, list) and len({s for s in starts if isinstance(s, int)}) >= 2:
+                arms.add(name)
+    return arms
 
 
 def _duplicate_point_problems(first: Mapping[PointKey, int], repeats: Mapping[PointKey, list[int]], file: str
