@@ -268,6 +268,7 @@ def check_point(session: Any, point: LedgerPoint, item: pytest.Item | None = Non
     committed = point.ledger.find_point(*point.key)
     # scipy: imported once a ledger point runs, not when pytest loads the plugin
     from specledger.analysis import verdict
+    from specledger.analysis.policy_bar import policy_checks
     from specledger.ledger.model import LedgerError
     from specledger.ledger.trust import UntrustedLedger
     from specledger.measure.http.server_metrics import EndpointError
@@ -287,10 +288,12 @@ def check_point(session: Any, point: LedgerPoint, item: pytest.Item | None = Non
         except (FileExistsError, StartMismatch, LedgerError) as exc:  # two ledgers, one file name; a start that
             # cannot join; a point the ledger's rules refuse (the session then measures no later point of it)
             pytest.fail(f"{point.test_id}: not recorded: {exc}", pytrace=False)
-        bar = verdict.policy_bar(point.ledger, point.arm, measured.point) \
-            if point.ledger.arm(point.arm)["role"] == "policy" else None
-        if bar is not None and not bar.ok:  # recorded as measured, but the schedule does not hold up
-            pytest.fail(f"{point.test_id}: recorded; the policy arm misses its bar\n  {bar.line()}", pytrace=False)
+        bars = policy_checks(point.ledger, point.arm, measured.point) \
+            if point.ledger.arm(point.arm)["role"] == "policy" else []
+        missed = [bar.line() for bar in bars if not bar.ok]
+        if missed:  # recorded as measured, but the schedule does not hold up
+            pytest.fail(f"{point.test_id}: recorded; the policy arm misses its bar\n  " + "\n  ".join(missed),
+                        pytrace=False)
         return
     result = verdict.compare_point(point.ledger, point.arm, committed, measured.point,
                                    not_comparable=session.not_comparable(point.ledger, point.key))
