@@ -2,8 +2,9 @@
 
 A module of its own rather than `tests/conftest.py`: the repository root has a conftest.py too (it loads the plugin
 when specledger is not installed), and `from conftest import ...` would pick whichever of the two comes first on
-sys.path. pytest puts `tests/` on sys.path (rootdir-relative "prepend" import mode), so `from repo_paths import ROOT`
-works in every test module."""
+sys.path. pytest puts `tests/` on sys.path when it imports `tests/conftest.py` ("prepend" import mode, no
+`__init__.py` beside it), before it collects any test module, so `from repo_paths import ROOT` works in every test
+module, also in the sub-folders (tests/ledger/, tests/engine/, ...)."""
 
 from pathlib import Path
 

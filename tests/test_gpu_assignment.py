@@ -78,9 +78,9 @@ def test_gpus_needed_reads_tensor_and_pipeline_parallel_sizes() -> None:
 def test_group_of_reads_the_ledger_from_the_parameter_id() -> None:
     """The controller's own grouping (pytest 9.2 no longer lets xdist append '@group' to node ids)."""
     groups = {"cpu-smollm2-ngram-copy-T0-c1": "cpu-smollm2"}
-    assert gpu_assignment.group_of("tests/test_ledgers.py::test_point[cpu-smollm2-ngram-copy-T0-c1]", groups) \
+    assert gpu_assignment.group_of("tests/engine/test_ledgers.py::test_point[cpu-smollm2-ngram-copy-T0-c1]", groups) \
         == "cpu-smollm2"
-    assert gpu_assignment.group_of("tests/test_ledgers.py::test_point[other]", groups) is None
+    assert gpu_assignment.group_of("tests/engine/test_ledgers.py::test_point[other]", groups) is None
     assert gpu_assignment.group_of("tests/test_stats.py::test_x", groups) is None
     assert gpu_assignment.group_of("tests/a[b].py::test_point[cpu-smollm2-ngram-copy-T0-c1]", groups) \
         == "cpu-smollm2"
@@ -220,8 +220,8 @@ def test_loadgroup_runs_each_ledger_on_one_worker(tmp_path: Path) -> None:
     path = os.pathsep.join(p for p in (str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, PYTHONPATH=path, WORKER_LOG=str(log))
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/test_ledgers.py", "-p", "no:cacheprovider", "-p", "record_worker",
-         "-v", "-m", "not gpu", "-o", "addopts=", "-n", "2", "--dist", "loadgroup",
+        [sys.executable, "-m", "pytest", "tests/engine/test_ledgers.py", "-p", "no:cacheprovider", "-p",
+         "record_worker", "-v", "-m", "not gpu", "-o", "addopts=", "-n", "2", "--dist", "loadgroup",
          "--ledger", "ledgers/cpu-smollm2.json", "--ledger", "ledgers/cpu-smollm2-policy.json"],
         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     out = proc.stdout + proc.stderr
@@ -276,9 +276,9 @@ def _gpu_run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, l
     path = os.pathsep.join(p for p in (str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, PYTHONPATH=path, PIN_LOG=str(log), CUDA_VISIBLE_DEVICES="0,1")
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/test_ledgers.py", "-p", "no:cacheprovider", "-p", "report_pinning",
-         "-q", "-m", "gpu", "-o", "addopts=", "-k", "no-such-point", "--ledger", "ledgers/h200-smollm2-copy.json",
-         "--ledger", "ledgers/h200-smollm2-free-form.json", *args],
+        [sys.executable, "-m", "pytest", "tests/engine/test_ledgers.py", "-p", "no:cacheprovider", "-p",
+         "report_pinning", "-q", "-m", "gpu", "-o", "addopts=", "-k", "no-such-point",
+         "--ledger", "ledgers/h200-smollm2-copy.json", "--ledger", "ledgers/h200-smollm2-free-form.json", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     return proc, [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 

@@ -24,7 +24,7 @@ def test_skipped_points_leave_pytest_benchmark_json_intact(tmp_path: Path) -> No
     ledger.write_text(json.dumps(planned))
     report = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/test_ledgers.py", "-p", "no:cacheprovider", "-q",
+        [sys.executable, "-m", "pytest", "tests/engine/test_ledgers.py", "-p", "no:cacheprovider", "-q",
          "-m", "not gpu", "-o", "addopts=", "--ledger", str(ledger),
          "--benchmark-json", str(report)],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -66,7 +66,7 @@ def _fake_run(tmp_path: Path, mode: str, *extra: str, select: tuple[str, ...] = 
     report = tmp_path / "bench.json"
     env = dict(__import__("os").environ, PYTHONPATH=f"{tmp_path}:{ROOT}", FAKE_MODE=mode, FAKE_WALL_S=str(wall_s))
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/test_ledgers.py", "-p", "no:cacheprovider", "-p", "fake_measure",
+        [sys.executable, "-m", "pytest", "tests/engine/test_ledgers.py", "-p", "no:cacheprovider", "-p", "fake_measure",
          "-q", "-m", "not gpu", "-o", "addopts=", "--ledger", "ledgers/cpu-smollm2.json", *select,
          "--benchmark-json", str(report), *extra],
         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
@@ -113,7 +113,7 @@ def test_points_run_in_the_selections_order_and_stop_at_the_time_budget(tmp_path
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     ran = [line.split("[", 1)[1].split("]")[0] for line in out.splitlines()
-           if line.startswith("tests/test_ledgers.py::")]
+           if line.startswith("tests/engine/test_ledgers.py::")]
     assert ran[:2] == ["cpu-smollm2-baseline-free-form-T0-c2", "cpu-smollm2-ngram-free-form-T0-c2"], out[-3000:]
     assert all("PASSED" in line for line in out.splitlines() if "free-form-T0-c2" in line and "::" in line)
     skipped = [line for line in out.splitlines() if "copy-T0-c1" in line and "::" in line]
@@ -177,9 +177,9 @@ def test_several_engine_starts_plan_every_selected_point_before_the_first_is_mea
         env = {"PLAN_OUT": str(plan), "PYTHONPATH": f"{tmp_path}:{ROOT}"}
         (tmp_path / "fake_measure.py").write_text(FAKE_MEASURE)
         proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "tests/test_ledgers.py", "-p", "no:cacheprovider", "-p", "fake_measure",
-             "-p", "plan_spy", "-q", "-m", "not gpu", "-o", "addopts=", "--ledger", "ledgers/cpu-smollm2.json",
-             "--ledger-points", "free-form:0:2,copy:0:1", "--ledger-starts", starts],
+            [sys.executable, "-m", "pytest", "tests/engine/test_ledgers.py", "-p", "no:cacheprovider", "-p",
+             "fake_measure", "-p", "plan_spy", "-q", "-m", "not gpu", "-o", "addopts=", "--ledger",
+             "ledgers/cpu-smollm2.json", "--ledger-points", "free-form:0:2,copy:0:1", "--ledger-starts", starts],
             cwd=ROOT, capture_output=True, text=True, timeout=300,
             env=dict(__import__("os").environ, FAKE_MODE="same", **env))
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

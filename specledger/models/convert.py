@@ -227,7 +227,7 @@ def dequantize_state(
     chunks are written into one float32 array of its full size, which lives from its first chunk to its
     cast; tasks run in order, so the peak is the result plus at most threads + 1 float32 tensors in flight
     (the 1.5B's embedding: 0.9 GB) plus one float32 chunk per thread. The result depends on neither the
-    thread count nor the chunking (tests/test_models.py checks both bit for bit).
+    thread count nor the chunking (tests/models/test_models.py checks both bit for bit).
     """
     import numpy as np
     import torch

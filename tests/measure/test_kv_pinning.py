@@ -1,7 +1,7 @@
 """Pinned KV capacity (--ledger-kv-sizing pinned): which arms are pinned, and how their concurrent start fails.
 
 The engines here are small fakes (pure logic: threads, failures, progress); the real starts are in
-tests/test_engines.py (CPU engine) and reports/evidence/2026-12-02-h200-kv-pinned-starts (H200).
+tests/engine/test_engines.py (CPU engine) and reports/evidence/2026-12-02-h200-kv-pinned-starts (H200).
 """
 
 import json

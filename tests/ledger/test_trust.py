@@ -56,8 +56,8 @@ def test_pytest_refuses_a_hostile_ledger_before_any_engine_starts(tmp_path: Path
     path = _hostile(tmp_path)
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/test_ledgers.py", "-p", "no:cacheprovider", "-q", "-m", "not gpu",
-         "-o", "addopts=", "--ledger", str(path), "--ledger-points", "copy:0:1", "-p", "no:benchmark"],
+        [sys.executable, "-m", "pytest", "tests/engine/test_ledgers.py", "-p", "no:cacheprovider", "-q", "-m",
+         "not gpu", "-o", "addopts=", "--ledger", str(path), "--ledger-points", "copy:0:1", "-p", "no:benchmark"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]

@@ -32,7 +32,7 @@ MAX_TOKENS = 16
 
 
 def _pytest(config: pytest.Config, *args: str) -> tuple[int, str]:
-    command = [sys.executable, "-m", "pytest", "tests/test_ledgers.py", "-m", "engine", "-p", "no:cacheprovider",
+    command = [sys.executable, "-m", "pytest", "tests/engine/test_ledgers.py", "-m", "engine", "-p", "no:cacheprovider",
                "-o", "addopts=", "-rA", *args]
     say(config, "$ " + " ".join(command))
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -1,6 +1,6 @@
 """`vllm bench serve` result files -> ledger, and the server subprocess that produces them.
 
-The engine test (in test_http.py, on that module's two live CPU servers) runs vLLM's own benchmark
+The engine test (in tests/engine/test_http.py, on that module's two live CPU servers) runs vLLM's own benchmark
 client against each at concurrency 1 and 2, and imports the four files (SPECLEDGER_BENCH_DATA=DIR
 copies them to DIR too). The committed ones were made by `run_bench_sequence` on servers of its
 own, one at a time. The fast tests use
@@ -191,8 +191,8 @@ def _import_and_write(files: list[Path], out: Path, **kwargs: Any) -> Path:
 
 
 def check_real_results(files: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """What an import of fresh `vllm bench serve` files must give (the engine test runs in test_http.py, on that
-    module's live servers)."""
+    """What an import of fresh `vllm bench serve` files must give (the engine test runs in
+    tests/engine/test_http.py, on that module's live servers)."""
     path = _import_and_write(files, tmp_path / "bench.json")
     assert_ledger_matches_files(path, files)
     assert main(["audit", "--min-severity", "warning", str(path)]) == 0

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from repo_paths import ROOT
 
 from specledger import models
 from specledger.models import (
@@ -36,7 +37,7 @@ from specledger.models import (
     resolve_model,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = ROOT
 SMOLLM2 = EMBEDDED_MODELS["smollm2"]
 HEAVY = ("torch", "transformers", "gguf", "tokenizers", "vllm")
 

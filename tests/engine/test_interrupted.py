@@ -57,7 +57,7 @@ def _ctrl_c_as_at_a_terminal() -> None:
 
 def _record(ledger: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "pytest", "tests/test_ledgers.py", "-m", "engine", "-p", "no:cacheprovider", "-s",
+        [sys.executable, "-m", "pytest", "tests/engine/test_ledgers.py", "-m", "engine", "-p", "no:cacheprovider", "-s",
          "-o", "addopts=", "--ledger", str(ledger), "--ledger-points", POINT, "--ledger-record",
          "--ledger-force-busy", *extra],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

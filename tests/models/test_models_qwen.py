@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from repo_paths import ROOT
 
 from specledger import models
 from specledger.models import (
@@ -43,7 +44,7 @@ from specledger.models import (
     split_parts,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = ROOT
 DRAFT = EMBEDDED_MODELS["qwen2.5-coder-0.5b"]
 TARGET = EMBEDDED_MODELS["qwen2.5-coder-1.5b"]
 FULL = os.environ.get("SPECLEDGER_QWEN_FULL") == "1"

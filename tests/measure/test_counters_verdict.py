@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from repo_paths import ROOT
+from repo_paths import CPU_LEDGER, ROOT
 
 from specledger.analysis import policy_bar, verdict
 from specledger.ledger import Ledger, dump_ledger, load_ledger, parse_ledger, selection
@@ -651,7 +651,7 @@ def test_a_run_that_added_its_start_to_a_point_shares_it_with_the_runs_before():
 def test_a_point_is_compared_against_the_machine_of_the_run_that_recorded_it(monkeypatch):
     from specledger.measure.session import SuiteSession
 
-    ledger = load_ledger(Path(__file__).resolve().parents[1] / "ledgers" / "cpu-smollm2.json")
+    ledger = load_ledger(CPU_LEDGER)
     data = copy.deepcopy(ledger.data)
     here = {**data["provenance"]["machine"]}
     elsewhere = {**here, "cpu_model": "Some Other CPU"}
@@ -671,7 +671,7 @@ def test_a_host_in_another_speed_state_is_noted_beside_the_verdict_and_not_refus
     are still compared, and the note gives both loop times; with no host state recorded there is no note."""
     from specledger.measure.session import SuiteSession
 
-    ledger = load_ledger(Path(__file__).resolve().parents[1] / "ledgers" / "cpu-smollm2.json")
+    ledger = load_ledger(CPU_LEDGER)
     data = copy.deepcopy(ledger.data)
     data["provenance"].pop("runs", None)
     h200 = {"accelerator": "NVIDIA H200", "accelerator_count": 1}  # the note is for GPU runs
@@ -689,7 +689,7 @@ def test_a_host_in_another_speed_state_is_noted_beside_the_verdict_and_not_refus
 def test_two_ledgers_of_one_file_name_cannot_overwrite_each_other_in_ledger_out(tmp_path):
     from specledger.measure.session import SuiteSession
 
-    data = load_ledger(Path(__file__).resolve().parents[1] / "ledgers" / "cpu-smollm2.json").data
+    data = load_ledger(CPU_LEDGER).data
     first = Ledger(tmp_path / "a" / "same.json", data)
     second = Ledger(tmp_path / "b" / "same.json", {**data, "id": "other"})
     session = SuiteSession(root=Path("."), record=True, out_dir=tmp_path / "out")
@@ -713,7 +713,7 @@ def test_a_verification_that_only_shows_speed_measures_one_warm_up_and_one_pair(
     from specledger.measure import procedure
     from specledger.measure.session import SuiteSession
 
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     ledger = load_ledger(root / "ledgers" / "cpu-smollm2.json")
     policy = load_ledger(root / "ledgers" / "cpu-smollm2-policy.json")
     own = protocol_over_defaults(ledger.data["protocol"])
@@ -773,7 +773,7 @@ def test_a_ledger_whose_arms_are_some_of_the_open_engines_shares_them_and_closes
     policy ledger, measured again, starts all of its arms again."""
     from specledger.measure.session import SuiteSession
 
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     policy = load_ledger(root / "ledgers" / "cpu-smollm2-policy.json")
     plain = load_ledger(root / "ledgers" / "cpu-smollm2.json")
     starts = _fake_engines(monkeypatch)

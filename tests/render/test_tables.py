@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -103,7 +102,7 @@ def test_format_table():
 
 
 def test_points_table_carries_the_recorded_cis():
-    data = json.loads((Path(__file__).parent / "data" / "measured-small.json").read_text())
+    data = json.loads(SMALL_PATH.read_text())
     data["points"][0]["arms"]["eagle"].update(multiplier_ci95=[1.61, 2.02], multiplier_vs_matched_ci95=[1.7, 2.1])
     df = points_table([parse_ledger(json.dumps(data), "x.json")])
     assert list(df["multiplier_ci95"]) == [(1.61, 2.02), None, None]
@@ -113,7 +112,7 @@ def test_points_table_carries_the_recorded_cis():
 def test_critical_table_says_what_the_cis_establish():
     """Point estimates 1.8, 1.3, 0.8 interpolate to a crossing between 4 and 16; with c=16's CI straddling
     1.0 the intervals establish no loss, and the table must say so rather than only the crossing."""
-    data = json.loads((Path(__file__).parent / "data" / "measured-small.json").read_text())
+    data = json.loads(SMALL_PATH.read_text())
     cis = [[1.6, 2.0], [1.1, 1.5], [0.7, 1.02]]
     for point, ci in zip(data["points"], cis, strict=True):
         point["arms"]["eagle"]["multiplier_ci95"] = ci
@@ -129,7 +128,7 @@ def test_critical_table_says_what_the_cis_establish():
 def test_critical_table_says_where_a_dip_recovers():
     """A curve below 1.0 at c=4 and back above at c=16 (the H200 Qwen copy curves do this at c=64) must not
     read as a loss from c=4 on: both the point-estimate column and the CI column name the recovery."""
-    data = json.loads((Path(__file__).parent / "data" / "measured-small.json").read_text())
+    data = json.loads(SMALL_PATH.read_text())
     for point, median, ci in zip(data["points"], [180.0, 240.0, 960.0], [[1.6, 2.0], [0.7, 0.9], [1.1, 1.3]],
                                  strict=True):
         eagle = point["arms"]["eagle"]

@@ -2,8 +2,8 @@
 
 Unit tests run on captured bench results (vLLM 0.32 from the CPU engine, 0.26 from the H200) and a fake
 bench. The engine test (`specledger crosscheck` on live CPU servers: ngram must win on copy in vLLM's own
-benchmark too, with the ledger's acceptance length) lives in test_http.py, on that module's servers: two
-server starts fewer, more than two minutes of CI on a slow CPU.
+benchmark too, with the ledger's acceptance length) lives in tests/engine/test_http.py, on that module's
+servers: two server starts fewer, more than two minutes of CI on a slow CPU.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from repo_paths import ROOT
+from repo_paths import DATA, ROOT
 
 from specledger import stats
 from specledger.ledger import load_ledger
@@ -24,7 +24,7 @@ from specledger.measure.http import servers
 from specledger.stats import Estimate
 
 LEDGER = ROOT / "ledgers" / "cpu-smollm2.json"
-BENCH = Path(__file__).parent / "data" / "bench"
+BENCH = DATA / "bench"
 
 
 def _parser() -> argparse.ArgumentParser:

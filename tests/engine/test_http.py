@@ -5,8 +5,9 @@ derived from the ledger) once per session, and reuse them for: an HTTP-mode veri
 subset of the ledger's points (through the pytest plugin, `--ledger-endpoint` and
 `--ledger-points`, as a user would run it), the watch catching a copy -> free-form traffic change,
 the error paths (unreachable, no spec metrics, another model), and `specledger crosscheck` against
-`vllm bench serve` (its unit tests are in test_crosscheck.py), and an import of `vllm bench serve` result
-files (test_bench_import.py). Unit tests run the pure parts on captured /metrics text.
+`vllm bench serve` (its unit tests are in tests/measure/test_crosscheck.py), and an import of
+`vllm bench serve` result files (tests/importers/test_bench_import.py). Unit tests run the pure parts on
+captured /metrics text.
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
-from repo_paths import ROOT
+from repo_paths import DATA, ROOT
 
 from specledger import plugin
 from specledger.cli import main
@@ -34,7 +34,7 @@ from specledger.measure.http.server_metrics import EndpointError
 from specledger.stats import Estimate
 
 LEDGER = ROOT / "ledgers" / "cpu-smollm2.json"
-METRICS = Path(__file__).parent / "data" / "metrics" / "ngram-after-copy.txt"
+METRICS = DATA / "metrics" / "ngram-after-copy.txt"
 #: The points the CI verifies over HTTP: one per workload, at the higher concurrency (the cheaper
 #: points, and the ones where the client's concurrency matters). The full grid runs in-process.
 HTTP_POINTS = os.environ.get("SPECLEDGER_HTTP_POINTS", "copy:0:2")
@@ -148,7 +148,7 @@ def test_http_mode_never_records(tmp_path):
 
     with pytest.raises(ValueError, match="HTTP mode verifies only"):
         SuiteSession(root=ROOT, record=True, http=endpoints.HTTPMode({"a": "http://x"}))
-    done = subprocess.run([sys.executable, "-m", "pytest", "tests/test_ledgers.py", "--ledger", str(LEDGER),
+    done = subprocess.run([sys.executable, "-m", "pytest", "tests/engine/test_ledgers.py", "--ledger", str(LEDGER),
                            "--ledger-http", "--ledger-record", "-p", "no:cacheprovider"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 4 and "verify only" in done.stderr
@@ -173,7 +173,7 @@ def test_http_verification_of_the_cpu_ledger(cpu_servers, request):
     """The plugin's HTTP mode against live servers: acceptance holds over the API; speed is shown, not asserted
     (over HTTP tokens/s include the client and the server's API process, so they are not the ledger's figures)."""
     before = _ledger_bytes()
-    command = [sys.executable, "-m", "pytest", "tests/test_ledgers.py", "-m", "engine", "-p", "no:cacheprovider",
+    command = [sys.executable, "-m", "pytest", "tests/engine/test_ledgers.py", "-m", "engine", "-p", "no:cacheprovider",
                "--ledger", str(LEDGER), "--ledger-points", HTTP_POINTS,
                *(f"--ledger-endpoint={arm}={url}" for arm, url in cpu_servers.items())]
     _say(request.config, "$ " + " ".join(command))
@@ -363,8 +363,14 @@ def test_bench_agrees_that_ngram_wins_on_copy(cpu_servers, tmp_path):
 @pytest.mark.engine
 def test_real_bench_serve_results_import_into_a_valid_ledger(cpu_servers, tmp_path, capsys):
     """`vllm bench serve` at c=1 and c=2 on this module's servers; its four result files import into a valid
-    ledger (test_bench_import.py says what that ledger must hold, and tests the import's refusals)."""
-    from test_bench_import import check_real_results, real_results
+    ledger (tests/importers/test_bench_import.py says what that ledger must hold, and tests the import's refusals)."""
+    # Its folder is on sys.path only once pytest has collected it (prepend import mode): not when this module
+    # is run alone. Put it there as pytest would; an already imported module is reused, not imported again.
+    sys.path.insert(0, str(ROOT / "tests" / "importers"))
+    try:
+        from test_bench_import import check_real_results, real_results
+    finally:
+        sys.path.remove(str(ROOT / "tests" / "importers"))
 
     out = tmp_path / "bench"
     out.mkdir()
@@ -378,7 +384,7 @@ def test_a_server_killed_mid_verification_is_named_and_nothing_is_recorded(cpu_s
     import signal
 
     before = _ledger_bytes()
-    command = [sys.executable, "-m", "pytest", "tests/test_ledgers.py", "-m", "engine", "-p", "no:cacheprovider",
+    command = [sys.executable, "-m", "pytest", "tests/engine/test_ledgers.py", "-m", "engine", "-p", "no:cacheprovider",
                "-s", "--ledger", str(LEDGER), "--ledger-points", HTTP_POINTS,
                *(f"--ledger-endpoint={arm}={url}" for arm, url in cpu_servers.items())]
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
