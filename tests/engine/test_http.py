@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 import pytest
+from bench_results import check_real_results, real_results
 from repo_paths import DATA, ROOT
 
 from specledger import plugin
@@ -363,15 +364,8 @@ def test_bench_agrees_that_ngram_wins_on_copy(cpu_servers, tmp_path):
 @pytest.mark.engine
 def test_real_bench_serve_results_import_into_a_valid_ledger(cpu_servers, tmp_path, capsys):
     """`vllm bench serve` at c=1 and c=2 on this module's servers; its four result files import into a valid
-    ledger (tests/importers/test_bench_import.py says what that ledger must hold, and tests the import's refusals)."""
-    # Its folder is on sys.path only once pytest has collected it (prepend import mode): not when this module
-    # is run alone. Put it there as pytest would; an already imported module is reused, not imported again.
-    sys.path.insert(0, str(ROOT / "tests" / "importers"))
-    try:
-        from test_bench_import import check_real_results, real_results
-    finally:
-        sys.path.remove(str(ROOT / "tests" / "importers"))
-
+    ledger (tests/bench_results.py says what that ledger must hold; tests/importers/test_bench_import.py tests the
+    import's refusals)."""
     out = tmp_path / "bench"
     out.mkdir()
     check_real_results(real_results(out, live=cpu_servers), tmp_path, capsys)
