@@ -33,6 +33,7 @@ from typing import Any
 from specledger import stats
 from specledger.analysis.verdict import Check
 from specledger.ledger import Ledger, figures
+from specledger.ledger.model import LEGACY_ACCEPTANCE
 
 __all__ = ["DRAFT_SHARE_EDGE", "RatioBar", "legacy_bar", "policy_checks", "scheduled_k"]
 
@@ -107,13 +108,14 @@ def _draft_share(mine: Mapping[str, Any], theirs: Mapping[str, Any]) -> float | 
     """The policy arm's draft tokens over its twin's: over the same acceptance pass (same prompts) as counted; from
     windows (ledgers before the pass), per output token, since a window's drafts grow with its speed."""
     acc_mine, acc_theirs = mine.get("acceptance") or {}, theirs.get("acceptance") or {}
-    if not acc_theirs.get("draft_tokens"):
+    source = acc_mine.get("from", LEGACY_ACCEPTANCE["from"])
+    if not acc_theirs.get("draft_tokens") or source != acc_theirs.get("from", LEGACY_ACCEPTANCE["from"]):
         return None
-    if acc_mine.get("from") == acc_theirs.get("from") == "pass":
+    if source == "pass":
         if acc_mine.get("requests") != acc_theirs.get("requests"):
             return None
         return float(acc_mine.get("draft_tokens") or 0) / float(acc_theirs["draft_tokens"])
-    if "from" in acc_mine or "from" in acc_theirs or not mine.get("output_tokens") or not theirs.get("output_tokens"):
+    if not mine.get("output_tokens") or not theirs.get("output_tokens"):
         return None
     return (float(acc_mine.get("draft_tokens") or 0) / float(mine["output_tokens"])) / (
         float(acc_theirs["draft_tokens"]) / float(theirs["output_tokens"]))

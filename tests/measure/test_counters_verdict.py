@@ -1236,6 +1236,45 @@ def test_the_qwen_ledger_takes_a_new_point_of_one_three_repeat_start_as_a_record
     assert back.data["start_spread"] == ledger.data["start_spread"]  # one start adds no degree of freedom
 
 
+@pytest.mark.parametrize(("c", "policy_draft_tokens"), [(4, 22), (2, 290), (12, 250)])
+def test_the_planned_qwen_policy_ledger_takes_its_first_points_and_its_bars_read_them(c, policy_draft_tokens):
+    """Before a GPU visit records ledgers/h200-qwen2.5-coder-1.5b-policy.json: a first point as the recording stores
+    it (the protocol's six repeats in one untagged start, acceptance from a pass per drafting arm) is accepted by the
+    ledger's rules, and every bar of the policy arm reads it: inside the k=0 band (c=4), below it (c=2) and above it
+    (c=12). The figures are made up; what is tested is that nothing refuses or skips them."""
+    from specledger.measure import replication
+
+    ledger = load_ledger(ROOT / "ledgers" / "h200-qwen2.5-coder-1.5b-policy.json")
+    assert ledger.status == "planned" and not ledger.data["points"]
+    n = int(procedure.protocol_for(ledger)["repeats"]["min"])
+    speed = {"baseline": 1400.0, "matched-baseline": 1050.0, "ngram": 1500.0, "policy-ngram": 1060.0}
+    drafts = {"ngram": 293, "policy-ngram": policy_draft_tokens}
+
+    def pass_of(tokens: int) -> dict:
+        return {"requests": 43, "seconds": 9.5, "counters": {"drafts": max(1, tokens // 4), "draft_tokens": tokens,
+                "accepted_tokens": tokens // 2, "accepted_per_position": [tokens // 8] * 4}}
+
+    runs = {name: [_window(speed[name] * (1 + 0.01 * r), counters_=pass_of(drafts[name])["counters"]
+                           if name in drafts else None) for r in range(n)] for name in speed}
+    working = Ledger(ledger.path, copy.deepcopy(ledger.data))
+    point = recording.build_point(working, "copy", 0.0, c, runs, passes={k: pass_of(v) for k, v in drafts.items()})
+    working.data["points"] = [point]
+    working.data["status"] = "measured"
+    working.data["protocol"] = procedure.protocol_for(working)
+    # what recording.provenance writes from the run's engines: the source ledger's stands in for it
+    working.data["provenance"] = copy.deepcopy(load_ledger(ROOT / "ledgers" / "h200-qwen2.5-coder-1.5b.json")
+                                               .data["provenance"])
+    replication.pool_start_intervals(working)
+    back = parse_ledger(dump_ledger(working.data), "recorded.json")
+    stored = back.find_point("copy", 0.0, c)
+    checks = policy_bar.policy_checks(back, "policy-ngram", stored)
+    k = policy_bar.scheduled_k(back.arm("policy-ngram")["speculative_config"], c)
+    assert [ch.metric for ch in checks][-1] == f"policy arm draft tokens / ngram's (schedule k={k} at c={c})"
+    assert checks[-1].ok
+    assert checks[0].reference == "ngram (best fixed)"  # 1,500 tok/s: and the k=0 band's 1,060 is known to lose
+    assert checks[0].ok is False and checks[1].metric.endswith("(collapse check)")
+
+
 def test_a_refused_store_stops_the_recording_of_its_ledger_before_the_next_point_is_measured(monkeypatch):
     """A point the ledger's rules refuse stays in the working ledger, so every later store of that ledger is refused
     too: the session must say so before measuring the next point, not after (the 2026-12-04 16:25 visit measured
