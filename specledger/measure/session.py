@@ -217,7 +217,7 @@ class SuiteSession:
     def measure(self, ledger: Ledger, key: tuple[str, float, int]) -> procedure.PointMeasurement:
         cache_key = (ledger.id, key)
         if cache_key not in self._cache and ledger.id in self._refused:
-            # a GPU visit once measured four more points (1,340 device seconds) that were each refused in turn
+            # a GPU visit once measured three more points (about 740 device seconds), each refused in turn
             raise StoreRefused(f"{ledger.path}: {point_label(key)} not measured: {self._refused[ledger.id]}; every "
                                "later point of this ledger would be refused with it")
         if cache_key not in self._cache:
