@@ -58,6 +58,7 @@ __all__ = [
     "derive_policies",
     "derive_policy",
     "drafter_groups",
+    "drafter_key",
     "policy_document",
     "render_policy",
 ]
@@ -222,7 +223,7 @@ class Route:
 # --------------------------------------------------------------------------------------------
 
 
-def _drafter_key(arm: Mapping[str, Any]) -> str:
+def drafter_key(arm: Mapping[str, Any]) -> str:
     """Arms that differ only in k are one drafter: a schedule can switch k, not the method."""
     spec = {key: value for key, value in arm["speculative_config"].items() if key not in _K_KEYS}
     return json.dumps([spec, arm.get("engine_args", {}), arm.get("env", {})], sort_keys=True)
@@ -236,7 +237,7 @@ def drafter_groups(ledger: Ledger) -> dict[str, list[str]]:
     groups: dict[str, list[dict[str, Any]]] = {}
     for arm in ledger.arms:
         if arm["role"] == "speculative" and arm.get("speculative_config", {}).get("num_speculative_tokens"):
-            groups.setdefault(_drafter_key(arm), []).append(arm)
+            groups.setdefault(drafter_key(arm), []).append(arm)
     methods = [arms[0]["speculative_config"]["method"] for arms in groups.values()]
     out: dict[str, list[str]] = {}
     for arms in groups.values():

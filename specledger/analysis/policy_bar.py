@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specledger import stats
+from specledger.analysis.policy import drafter_key
 from specledger.analysis.verdict import Check
 from specledger.ledger import Ledger, figures
 from specledger.ledger.model import LEGACY_ACCEPTANCE
@@ -39,9 +40,6 @@ __all__ = ["DRAFT_SHARE_EDGE", "RatioBar", "legacy_bar", "policy_checks", "sched
 
 #: The policy arm's draft tokens over its fixed twin's: at most this in a k=0 band, at least this in a k>0 band.
 DRAFT_SHARE_EDGE = 0.5
-
-_K_KEYS = ("num_speculative_tokens", "num_speculative_tokens_per_batch_size")
-
 
 @dataclass(frozen=True)
 class RatioBar(Check):
@@ -95,13 +93,14 @@ def _ratio_bar(metric: str, est: stats.Estimate, tolerance: float, against: str)
 
 
 def _fixed_twin(ledger: Ledger, arm: str) -> str | None:
-    """The fixed-k speculative arm with the policy arm's drafter (its speculative_config but the k keys)."""
-    drafter = {k: v for k, v in (ledger.arm(arm).get("speculative_config") or {}).items() if k not in _K_KEYS}
-    for other in ledger.arms:
-        config = other.get("speculative_config") or {}
-        if other["role"] == "speculative" and {k: v for k, v in config.items() if k not in _K_KEYS} == drafter:
-            return str(other["name"])
-    return None
+    """The fixed-k speculative arm with the policy arm's drafter (``policy.drafter_key``: all but k alike)."""
+    mine = ledger.arm(arm)
+    if not mine.get("speculative_config"):
+        return None
+    drafter = drafter_key(mine)
+    return next((str(other["name"]) for other in ledger.arms
+                 if other["role"] == "speculative" and other.get("speculative_config")
+                 and drafter_key(other) == drafter), None)
 
 
 def _draft_share(mine: Mapping[str, Any], theirs: Mapping[str, Any]) -> float | None:
