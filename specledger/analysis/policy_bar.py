@@ -41,6 +41,7 @@ __all__ = ["DRAFT_SHARE_EDGE", "RatioBar", "legacy_bar", "policy_checks", "sched
 #: The policy arm's draft tokens over its fixed twin's: at most this in a k=0 band, at least this in a k>0 band.
 DRAFT_SHARE_EDGE = 0.5
 
+
 @dataclass(frozen=True)
 class RatioBar(Check):
     """A paired throughput ratio with its 95% interval: fails only where the whole interval lies below ``low``."""
@@ -76,15 +77,12 @@ def _repeats(point: Mapping[str, Any], name: str) -> list[float] | None:
     return [float(v) for v in values] if values else None
 
 
-def _ratio(point: Mapping[str, Any], mine: str, theirs: str) -> stats.Estimate:
-    """mine / theirs: over engine starts where the point has two or more, else the paired bootstrap of the
-    repeats (the same estimators as the multiplier, ``recording.multiplier_figures``)."""
-    a, b = _repeats(point, mine), _repeats(point, theirs)
-    assert a is not None and b is not None
-    starts = figures.engine_starts(point["arms"][mine])
+def _ratio(mine: list[float], theirs: list[float], starts: Sequence[int]) -> stats.Estimate:
+    """mine / theirs, paired repeats: over engine starts where there are two or more, else the paired bootstrap of
+    the repeats (the same estimators as the multiplier, ``recording.multiplier_figures``)."""
     if len(set(starts)) >= 2:
-        return stats.replicated_estimate(stats.start_multipliers(a, b, starts))
-    return stats.multiplier_estimate(a, b)
+        return stats.replicated_estimate(stats.start_multipliers(mine, theirs, starts))
+    return stats.multiplier_estimate(mine, theirs)
 
 
 def _ratio_bar(metric: str, est: stats.Estimate, tolerance: float, against: str) -> RatioBar:
@@ -176,17 +174,20 @@ def policy_checks(ledger: Ledger, arm: str, point: Mapping[str, Any]) -> list[Ch
         bar = legacy_bar(ledger, arm, point)
         return [bar] if bar is not None else []
     mine = _repeats(point, arm)
-    paired: Sequence[str] = [n for n in _rivals(ledger, point, arm)
-                             if mine and (theirs := _repeats(point, n)) and len(theirs) == len(mine)]
-    if not mine or not paired:
+    if not mine:
         return []
+    paired = {n: theirs for n in _rivals(ledger, point, arm)
+              if (theirs := _repeats(point, n)) and len(theirs) == len(mine)}  # arm -> its repeats, paired with mine
+    if not paired:
+        return []
+    starts = figures.engine_starts(point["arms"][arm])
     tolerance = float(ledger.tolerances["multiplier_rel"])
-    best = max(paired, key=lambda n: sum(_repeats(point, n) or []) / len(mine))
-    checks: list[Check] = [_ratio_bar("policy arm tok/s / best fixed arm's", _ratio(point, arm, best), tolerance,
-                                      f"{best} (best fixed)")]
+    best = max(paired, key=lambda n: sum(paired[n]))  # the highest mean: every rival has as many repeats
+    checks: list[Check] = [_ratio_bar("policy arm tok/s / best fixed arm's", _ratio(mine, paired[best], starts),
+                                      tolerance, f"{best} (best fixed)")]
     base = ledger.baseline_arm_for(arm)
     if base is not None and base != best and base in paired:
-        checks.append(_ratio_bar("policy arm tok/s / baseline's (collapse check)", _ratio(point, arm, base),
+        checks.append(_ratio_bar("policy arm tok/s / baseline's (collapse check)", _ratio(mine, paired[base], starts),
                                  tolerance, f"{base} (baseline)"))
     drafting = _drafting_check(ledger, arm, point)
     if drafting is not None:
