@@ -131,6 +131,18 @@ def add_start(ledger: Ledger, committed: Mapping[str, Any], measured: Mapping[st
     return point
 
 
+def upsert_point(ledger: Ledger, key: tuple[str, float, int], point: dict[str, Any]) -> None:
+    """Put ``point`` in place of the ledger's point at ``key`` (or beside the others), in point order, and take
+    every interval again with the between-start spread pooled over the points (``pool_start_intervals``): what a
+    recording's store does to the ledger's points, in one place for the store and its tests."""
+    data = ledger.data
+    points = [p for p in data.get("points", []) if (p["workload"], p.get("temperature"), p.get("concurrency")) != key]
+    points.append(point)
+    points.sort(key=lambda p: (p["workload"], p["temperature"], p["concurrency"]))
+    data["points"] = points
+    pool_start_intervals(ledger)
+
+
 def pool_start_intervals(ledger: Ledger) -> None:
     """Pool each arm's between-start spread over the ledger's points and take every interval of that arm with it.
 

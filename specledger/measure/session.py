@@ -374,13 +374,8 @@ class SuiteSession:
             # once, at the first store
             for line in recording.kv_cache_drift(ledger.arms, self.pool.infos_by_ledger[ledger.id]):
                 self.progress(f"{ledger.id}: {line}; provenance.runs keeps each run's")
+        replication.upsert_point(working, measured.key, self._point_to_store(working, measured))
         data = working.data
-        points = [p for p in data.get("points", [])
-                  if (p["workload"], p.get("temperature"), p.get("concurrency")) != measured.key]
-        points.append(self._point_to_store(working, measured))
-        points.sort(key=lambda p: (p["workload"], p["temperature"], p["concurrency"]))
-        data["points"] = points
-        replication.pool_start_intervals(working)  # every interval over the starts, spread pooled over the points
         facts = recording.arm_facts(working, self.pool.infos_by_ledger[ledger.id])
         for arm in data["arms"]:
             arm.update(facts.get(arm["name"], {}))

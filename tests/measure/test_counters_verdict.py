@@ -1226,10 +1226,9 @@ def test_the_qwen_ledger_takes_a_new_point_of_one_three_repeat_start_as_a_record
                           for t in ([1400.0, 1380.0, 1402.0] if "baseline" in arm["name"] else [540.0, 560.0, 547.0])]
             for arm in ledger.arms}
     working = Ledger(ledger.path, copy.deepcopy(ledger.data))
-    working.data["points"].append(recording.build_point(working, "free-form", 0.0, 4, runs))
-    working.data["points"].sort(key=lambda p: (p["workload"], p["temperature"], p["concurrency"]))
+    replication.upsert_point(working, ("free-form", 0.0, 4),
+                             recording.build_point(working, "free-form", 0.0, 4, runs))
     working.data["protocol"] = procedure.protocol_for(working)
-    replication.pool_start_intervals(working)
     back = parse_ledger(dump_ledger(working.data), "recorded.json")
     new = back.find_point("free-form", 0.0, 4)
     assert len(new["arms"]["ngram"]["output_tokens_per_s"]["repeats"]) == 3
@@ -1258,13 +1257,12 @@ def test_the_planned_qwen_policy_ledger_takes_its_first_points_and_its_bars_read
                            if name in drafts else None) for r in range(n)] for name in speed}
     working = Ledger(ledger.path, copy.deepcopy(ledger.data))
     point = recording.build_point(working, "copy", 0.0, c, runs, passes={k: pass_of(v) for k, v in drafts.items()})
-    working.data["points"] = [point]
+    replication.upsert_point(working, ("copy", 0.0, c), point)
     working.data["status"] = "measured"
     working.data["protocol"] = procedure.protocol_for(working)
     # what recording.provenance writes from the run's engines: the source ledger's stands in for it
     working.data["provenance"] = copy.deepcopy(load_ledger(ROOT / "ledgers" / "h200-qwen2.5-coder-1.5b.json")
                                                .data["provenance"])
-    replication.pool_start_intervals(working)
     back = parse_ledger(dump_ledger(working.data), "recorded.json")
     stored = back.find_point("copy", 0.0, c)
     checks = policy_bar.policy_checks(back, "policy-ngram", stored)
