@@ -7,5 +7,8 @@ without registering it twice where the entry point already did.
 
 from importlib.metadata import entry_points
 
+# pytester: the plugin's own tests run inner pytest sessions in process (tests/test_plugin.py). Declared here
+# because pytest takes `pytest_plugins` only from the rootdir's conftest.
+pytest_plugins = ["pytester"]
 if not any(ep.value == "specledger.plugin" for ep in entry_points(group="pytest11")):
-    pytest_plugins = ["specledger.plugin"]
+    pytest_plugins.append("specledger.plugin")

@@ -486,6 +486,38 @@ def cmd_import_bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _rename_benchmark_ids_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="saved pytest-benchmark runs: JSON files, or folders such as .benchmarks")
+    parser.add_argument("--write", action="store_true",
+                        help="rewrite the files in place (atomically); without it, only say what would change")
+
+
+@command("rename-benchmark-ids", "rename saved pytest-benchmark runs to the point grammar's test ids "
+         "(copy-T0-c1 -> copy:0:1), so that compare lines old runs up with new ones",
+         _rename_benchmark_ids_arguments)
+def cmd_rename_benchmark_ids(args: argparse.Namespace) -> int:
+    from specledger.importers.benchmark_history import BenchmarkHistoryError, rename_history
+    from specledger.ledger import LedgerError
+
+    missing = [p for p in args.paths if not Path(p).exists()]
+    if missing:
+        raise _UsageError(f"no such file or folder: {' '.join(missing)}")
+    try:
+        renamed = rename_history(args.paths, write=args.write)
+    except (BenchmarkHistoryError, LedgerError) as e:
+        print(f"specledger rename-benchmark-ids: error: {e}", file=sys.stderr)
+        return EXIT_PROBLEMS
+    for r in renamed:
+        verb = "renamed" if r.written else "would rename"
+        print(f"{r.path}: {verb} {r.fields} id field(s)" if r.fields else f"{r.path}: nothing to rename")
+    pending = sum(r.fields for r in renamed if not r.written)
+    if pending:
+        print(f"{pending} id field(s) in {sum(1 for r in renamed if r.fields)} file(s) to rename: "
+              "run again with --write")
+    return EXIT_OK
+
+
 EXIT_DRIFT, EXIT_CANNOT_WATCH = 1, 3
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from specledger.analysis import verdict
 from specledger.ledger import Ledger, load_ledger
+from specledger.ledger.selection import point_test_id
 from specledger.render import tables
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -108,7 +109,8 @@ def _verdicts(committed: Ledger, fresh: Ledger, not_comparable: str | None) -> l
             continue
         for arm in committed.arms:
             result = verdict.compare_point(committed, arm["name"], old, point, not_comparable=not_comparable)
-            tid = f"{committed.id}-{arm['name']}-{point['workload']}-T{point['temperature']:g}-c{point['concurrency']}"
+            tid = point_test_id(committed.id, arm["name"], (point["workload"], point["temperature"],
+                                                             point["concurrency"]))
             outcomes.append(result.outcome)
             print(f"{result.outcome.upper():>15} " + result.message(tid).replace("\n", "\n" + " " * 16))
     return outcomes

@@ -117,8 +117,8 @@ def assignment(index: int, n_workers: int, gpus: Sequence[str], cpus: Iterable[i
 
 
 def group_of(nodeid: str, groups: Mapping[str, str]) -> str | None:
-    """The xdist group of a test from its parameter id: ``...::test_point[cpu-smollm2-ngram-copy-T0-c1]`` ->
-    ``groups["cpu-smollm2-ngram-copy-T0-c1"]``; None for a test without a known id.
+    """The xdist group of a test from its parameter id: ``...::test_point[cpu-smollm2-ngram-copy:0:1]`` ->
+    ``groups["cpu-smollm2-ngram-copy:0:1"]``; None for a test without a known id.
 
     Why: pytest 9.2 builds node ids from a structured id, so xdist 3.8 can no longer append ``@<group>`` to
     them and ``--dist loadgroup`` silently stops grouping (pytest-dev/pytest-xdist#1386); the controller then

@@ -1,7 +1,7 @@
 """pytest glue: ledgers become test cases; thin fixtures over the plain library.
 
 Every point of every non-reference ledger (plus the grid points of planned ones)
-becomes ``test_point[<ledger>-<arm>-<workload>-T<temp>-c<N>]``. A test asks the
+becomes ``test_point[<ledger>-<arm>-<workload>:<temp>:<N>]``. A test asks the
 session-scoped ``specledger`` fixture to measure its point (engines of a ledger are
 started once and reused; one point is measured once for all of its arms) and then
 either verifies it against the committed figures or, with ``--ledger-record``,
@@ -52,7 +52,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "'*' matches anything), measured in the order given")
     group.addoption("--ledger-budget-s", default=None, type=float, metavar="SECONDS",
                     help="start no point that would end past SECONDS after the session began (engine starts "
-                         "included; the estimate is the slowest point so far): for time-boxed GPU slots; the "
+                         "included; the estimate is the slowest point so far, or the point's own time in the "
+                         "ledger's earlier runs when longer): for time-boxed GPU slots; the "
                          "points left are skipped, and --ledger-record --ledger-only-missing resumes them")
     group.addoption("--ledger-trust", action="store_true", default=False,
                     help="pass every engine argument and environment variable of the ledgers to vLLM, also those "
@@ -261,53 +262,20 @@ _SHOWN_OUTCOMES = {"inconclusive": ("inconclusive", "?", "INCONCLUSIVE"),
 
 
 def check_point(session: Any, point: LedgerPoint, item: pytest.Item | None = None) -> None:
-    """Measure (once per point) and record or verify; the assertion message carries the whole story."""
-    reason = selection.skip_reason(session, point)
-    if reason:
-        pytest.skip(reason)
-    committed = point.ledger.find_point(*point.key)
-    # scipy: imported once a ledger point runs, not when pytest loads the plugin
-    from specledger.analysis import verdict
-    from specledger.analysis.policy_bar import policy_checks
-    from specledger.ledger.model import LedgerError
-    from specledger.ledger.trust import UntrustedLedger
-    from specledger.measure.http.server_metrics import EndpointError
-    from specledger.measure.replication import StartMismatch
-    from specledger.measure.session import StoreRefused
+    """One arm-point test: `measure.point_check` decides (measure, then record or verify); this turns its outcome
+    into pytest's skip, fail or pass, and keeps the verdict for the report line."""
+    from specledger.measure import point_check  # scipy: imported once a ledger point runs, not at plugin load
 
-    try:
-        measured = session.measure(point.ledger, point.key)
-    except (UntrustedLedger, EndpointError, StoreRefused) as exc:  # the message says what failed, where (file, URL)
-        pytest.fail(f"{point.test_id}: {exc}", pytrace=False)
-    failure = session.arm_failure(point.ledger, point.arm)
-    if failure is not None:
-        pytest.fail(f"{point.test_id}: arm {point.arm} did not start:\n{failure}", pytrace=False)
-    if session.record:
-        try:
-            session.store(point.ledger, measured)
-        except (FileExistsError, StartMismatch, LedgerError) as exc:  # two ledgers, one file name; a start that
-            # cannot join; a point the ledger's rules refuse (the session then measures no later point of it)
-            pytest.fail(f"{point.test_id}: not recorded: {exc}", pytrace=False)
-        bars = policy_checks(point.ledger, point.arm, measured.point) \
-            if point.ledger.arm(point.arm)["role"] == "policy" else []
-        missed = [bar.line() for bar in bars if not bar.ok]
-        if missed:  # recorded as measured, but the schedule does not hold up
-            pytest.fail(f"{point.test_id}: recorded; the policy arm misses its bar\n  " + "\n  ".join(missed),
-                        pytrace=False)
-        return
-    result = verdict.compare_point(point.ledger, point.arm, committed, measured.point,
-                                   not_comparable=session.not_comparable(point.ledger, point.key))
-    host = session.host_note(point.ledger, point.key)
-    if host is not None:
-        result.notes.append(host)
-    session.results.append((point.test_id, result))
-    if item is not None:
-        item.stash[_OUTCOME_KEY] = result.outcome
-    strict = item is not None and item.config.getoption("--ledger-strict")
-    if not result.ok or (strict and result.outcome == "inconclusive"):
-        pytest.fail(result.message(point.test_id), pytrace=False)
-    if result.outcome != "holds":
-        session.progress(result.message(point.test_id))
+    strict = item is not None and bool(item.config.getoption("--ledger-strict"))
+    outcome = point_check.check(session, point, strict=strict)
+    if item is not None and outcome.verdict is not None:
+        item.stash[_OUTCOME_KEY] = outcome.verdict
+    if outcome.status == "skipped":
+        pytest.skip(outcome.message)
+    if outcome.status == "failed":
+        pytest.fail(outcome.message, pytrace=False)
+    if outcome.message:
+        session.progress(outcome.message)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -382,13 +350,13 @@ def benchmark_row(benchmark: Any, point: LedgerPoint, measured: Any) -> None:
     if not durations or getattr(benchmark, "disabled", False) or getattr(benchmark, "_mode", None):
         return
     benchmark._mode = "specledger windows"  # the fixture is used once, as pedantic would mark it
-    benchmark.group = f"{point.ledger.id} {point.workload}:{point.temperature:g}:{point.concurrency}"
+    benchmark.group = f"{point.ledger.id} {selection.point_label(point.key)}"
     row = benchmark._make_stats(1)
     for seconds in durations:
         row.update(seconds)
     res = measured.point["arms"].get(point.arm) or {}
     info: dict[str, Any] = {"unit": "seconds per output token per window (OPS = output tokens/s)",
-                            "arm": point.arm, "point": f"{point.workload}:{point.temperature:g}:{point.concurrency}",
+                            "arm": point.arm, "point": selection.point_label(point.key),
                             "output_tokens_per_s_ci95": (res.get("output_tokens_per_s") or {}).get("ci95"),
                             "point_wall_s": round(measured.wall_s, 3)}
     for key in ("multiplier", "multiplier_ci95"):

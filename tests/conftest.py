@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import pkgutil
 import time
 from collections.abc import Iterator
 
@@ -47,3 +49,19 @@ def cpu_servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
             server.stop()
         left = [name for name, server in started.items() if servers.group_alive(server.process.pid)]
         assert not left, f"server process groups left running: {left}"
+
+
+@pytest.fixture
+def inner_pytest(pytester: pytest.Pytester) -> pytest.Pytester:
+    """`pytester` for inner pytest runs in this process, with every module such a run imports loaded first.
+
+    Why: after an inner run, pytester drops from `sys.modules` every module that run imported first. The next
+    import makes a second copy: NumPy warns that it was reloaded, and a class of a specledger module imported
+    again is no longer the class that other modules hold (`isinstance` and `pytest.raises` then miss)."""
+    import specledger
+
+    for module in pkgutil.walk_packages(specledger.__path__, "specledger."):
+        importlib.import_module(module.name)
+    for name in ("numpy", "pandas", "scipy.stats", "matplotlib", "jsonschema", "hypothesis"):
+        importlib.import_module(name)
+    return pytester

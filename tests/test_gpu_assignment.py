@@ -77,12 +77,12 @@ def test_gpus_needed_reads_tensor_and_pipeline_parallel_sizes() -> None:
 
 def test_group_of_reads_the_ledger_from_the_parameter_id() -> None:
     """The controller's own grouping (pytest 9.2 no longer lets xdist append '@group' to node ids)."""
-    groups = {"cpu-smollm2-ngram-copy-T0-c1": "cpu-smollm2"}
-    assert gpu_assignment.group_of("tests/engine/test_ledgers.py::test_point[cpu-smollm2-ngram-copy-T0-c1]", groups) \
+    groups = {"cpu-smollm2-ngram-copy:0:1": "cpu-smollm2"}
+    assert gpu_assignment.group_of("tests/engine/test_ledgers.py::test_point[cpu-smollm2-ngram-copy:0:1]", groups) \
         == "cpu-smollm2"
     assert gpu_assignment.group_of("tests/engine/test_ledgers.py::test_point[other]", groups) is None
     assert gpu_assignment.group_of("tests/test_stats.py::test_x", groups) is None
-    assert gpu_assignment.group_of("tests/a[b].py::test_point[cpu-smollm2-ngram-copy-T0-c1]", groups) \
+    assert gpu_assignment.group_of("tests/a[b].py::test_point[cpu-smollm2-ngram-copy:0:1]", groups) \
         == "cpu-smollm2"
 
 

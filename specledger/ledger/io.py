@@ -26,6 +26,7 @@ __all__ = [
     "remove_stale_temporaries",
     "stale_temporaries",
     "write_ledger",
+    "write_text_atomically",
 ]
 
 def load_ledger(path: str | os.PathLike[str]) -> Ledger:
@@ -57,6 +58,14 @@ def write_ledger(path: str | os.PathLike[str], data: Mapping[str, Any], *, overw
             f"{target} already exists; refusing to replace a committed ledger "
             "(re-record with --ledger-record, i.e. overwrite=True, to replace it on purpose)"
         )
+    write_text_atomically(target, text)
+
+
+def write_text_atomically(path: str | os.PathLike[str], text: str) -> None:
+    """Write `text` to `path` through a fsynced temporary file in the same folder, renamed over it (mode 0o644):
+    a crash leaves the old file or the new one, never a partial one. The caller decides whether replacing is
+    allowed; ledgers go through `write_ledger`, which validates first."""
+    target = Path(path)
     directory = target.parent
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     try:

@@ -18,7 +18,8 @@ from specledger.ledger.io import iter_ledger_paths
 from specledger.ledger.model import Ledger
 
 __all__ = ["LedgerPoint", "PointSelector", "SelectionError", "ledger_paths", "parse_endpoints",
-           "parse_point_selection", "point_label", "point_selected", "points", "selector_rank", "skip_reason"]
+           "parse_point_selection", "point_label", "point_selected", "point_test_id", "points", "selector_rank",
+           "skip_reason"]
 
 PointSelector = tuple[str, float | None, int | None]
 
@@ -44,7 +45,7 @@ class LedgerPoint:
 
     @property
     def test_id(self) -> str:
-        return f"{self.ledger.id}-{self.arm}-{self.workload}-T{self.temperature:g}-c{self.concurrency}"
+        return point_test_id(self.ledger.id, self.arm, self.key)
 
     def __repr__(self) -> str:
         """The test id, not the whole ledger: pytest-benchmark writes a param it cannot serialize as its
@@ -75,6 +76,11 @@ def point_label(key: tuple[str, float | None, int | None]) -> str:
     workload, temperature, concurrency = key
     t = "-" if temperature is None else f"{temperature:g}"
     return f"{workload}:{t}:{'-' if concurrency is None else concurrency}"
+
+
+def point_test_id(ledger_id: str, arm: str, key: tuple[str, float | None, int | None]) -> str:
+    """``cpu-smollm2-ngram-copy:0:1``: the id of one arm-point, as pytest, verdict messages and the demo name it."""
+    return f"{ledger_id}-{arm}-{point_label(key)}"
 
 
 def selector_rank(key: tuple[str, float, int], selectors: list[PointSelector] | None) -> int | None:
@@ -135,5 +141,5 @@ def skip_reason(session: Any, point: LedgerPoint) -> str | None:
     if not session.record and committed is None:
         return f"{point.test_id}: no committed figures for this point; run with --ledger-record"
     if session.cached(point.ledger, point.key) is None:
-        return session.over_budget()
+        return session.over_budget(point.ledger, point.key)
     return None

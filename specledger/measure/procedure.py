@@ -33,6 +33,7 @@ from typing import Any
 
 from specledger.ledger import Ledger
 from specledger.ledger.model import protocol_over_defaults, protocol_with_overrides
+from specledger.ledger.selection import point_label
 from specledger.measure import recording
 from specledger.workloads import load_workload, resolve_fixture
 
@@ -210,18 +211,19 @@ def measure_point(ledger: Ledger, arms: Mapping[str, Any], workload: str, temper
     sampling = sampling_for(ledger, workload, temperature)
     settle_s = float(sweep.get("settle_s", 0.0))
     names = list(arms)
+    label = point_label((workload, temperature, concurrency))
     t_start = time.monotonic()
     warmups: dict[str, dict[str, Any]] = {}
     for name in names:
         warmups[name] = warm_up_arm(arms[name], prompts, concurrency, sampling, protocol, settle_s)
         w = warmups[name]
-        progress(f"{workload} T={temperature:g} c={concurrency} warm-up {name}: {w['windows']} windows, "
+        progress(f"{label} warm-up {name}: {w['windows']} windows, "
                  f"{w['seconds']:.0f} s, tok/s {w['output_tokens_per_s']}"
                  + ("" if w["converged"] or int(protocol["warmup"]["max_windows"]) < 2
                     else " (cap reached before two windows agreed)"))
     passes = dict(passes) if passes is not None else acceptance_passes(
         ledger, arms, prompts, concurrency, sampling, protocol, progress,
-        label=f"{workload} T={temperature:g} c={concurrency}")
+        label=label)
     window_s = windows_for(protocol, {name: w["request_latency_s"] for name, w in warmups.items()})
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     mode = sweep.get("repeat_prompts", "same")
@@ -238,7 +240,7 @@ def measure_point(ledger: Ledger, arms: Mapping[str, Any], workload: str, temper
             runs[name].append(res)
             eta = (time.monotonic() - t_start) / max(1, sum(map(len, runs.values()))) \
                 * (planned * len(names) - sum(map(len, runs.values())))
-            progress(f"{workload} T={temperature:g} c={concurrency} repeat {r + 1}/{planned} {name}: "
+            progress(f"{label} repeat {r + 1}/{planned} {name}: "
                      f"{res['output_tokens_per_s']:.1f} tok/s in a {res['window_s']:.1f} s window "
                      f"({res['requests']} requests, {res['rounds'] or 0:.1f} rounds{_host_note(res)}); "
                      f"point ETA {eta:.0f} s")
@@ -248,7 +250,7 @@ def measure_point(ledger: Ledger, arms: Mapping[str, Any], workload: str, temper
     point = recording.build_point(ledger, workload, temperature, concurrency, runs, warmups, passes)
     while more is not None and len(runs[names[0]]) + 2 <= max_repeats and more(point, len(runs[names[0]])):
         n = len(runs[names[0]])
-        progress(f"{workload} T={temperature:g} c={concurrency}: {n} repeats do not settle it; 2 more "
+        progress(f"{label}: {n} repeats do not settle it; 2 more "
                  f"(cap {max_repeats})")
         one_repeat(n, n + 2)
         one_repeat(n + 1, n + 2)

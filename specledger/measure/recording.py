@@ -286,6 +286,20 @@ def run_of_point(prov: Mapping[str, Any] | None, label: str) -> Mapping[str, Any
     return next((run for run in runs if run.get("points") is None), None)
 
 
+def recorded_point_seconds(prov: Mapping[str, Any] | None, label: str) -> float | None:
+    """How long the point labelled ``label`` took to measure in the ledger's earlier runs: the longest
+    ``time_s.point_wall_s`` of a run that holds it, else that run's ``time_s.per_point`` (runs recorded before
+    point times were kept); None when no run says."""
+    seconds = []
+    for run in (prov or {}).get("runs") or []:
+        if run.get("points") is not None and label not in run["points"]:
+            continue
+        times = run.get("time_s") or {}
+        own = (times.get("point_wall_s") or {}).get(label)
+        seconds += [own] if own is not None else [times["per_point"]] if times.get("per_point") else []
+    return max(seconds, default=None)
+
+
 def provenance(infos: Mapping[str, Mapping[str, Any]], *, command: str | None = None,
                wall_s: float | None = None, root: Path | None = None,
                machine: Mapping[str, Any] | None = None) -> dict[str, Any]:

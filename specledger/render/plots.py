@@ -5,6 +5,9 @@ throughput and repeat spreads, from the points themselves), so a plot can never 
 `specledger show`. Figures are built with the object-oriented `matplotlib.figure.Figure`, never
 pyplot: no global figure registry, no GUI backend, nothing to close, safe in a test process.
 A plot with nothing to draw raises `NothingToPlot` instead of writing an empty image. No vLLM.
+
+About 500 lines on purpose: the three plot kinds share their axes helpers, condition names and CI bands; split
+one module a plot, each would import the others' helpers.
 """
 
 from __future__ import annotations

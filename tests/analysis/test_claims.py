@@ -71,7 +71,20 @@ def test_point_claim_parses():
     assert claim.values == (Stated("1.16", 1.16, 2),)
 
 
-@pytest.mark.parametrize("selectors", ["free-form c=64", "free-form T=- c=64"])
+@pytest.mark.parametrize(
+    ("point", "keyed"),
+    [("copy:0:4", "copy T=0 c=4"), ("free-form:-:64", "free-form c=64"), ("copy:0:1->4", "copy T=0 c=1->4"),
+     ("copy->free-form:1:8", "copy->free-form T=1 c=8"), ("copy:0", "copy T=0")],
+)
+def test_the_point_grammar_and_the_keyed_form_of_earlier_reports_say_the_same(point, keyed):
+    """Points are written copy:0:4 everywhere (test ids, --ledger-points, claims); reports marked before that
+    keep parsing to the same subjects."""
+    metric = "critical_concurrency = 4..8" if point == "copy:0" else "multiplier = 1 -> 2" if "->" in point \
+        else "multiplier = 1"
+    assert parse(f"l ngram {point} {metric}").subjects == parse(f"l ngram {keyed} {metric}").subjects
+
+
+@pytest.mark.parametrize("selectors", ["free-form:-:64", "free-form c=64", "free-form T=- c=64"])
 def test_null_temperature_is_left_out_or_dash(selectors):
     claim = parse(f"reference-b200-nvfp4-gptq dflash2 {selectors} multiplier = 0.3")
     assert claim.subjects == (Subject("dflash2", "free-form", None, 64),)
@@ -129,7 +142,11 @@ def test_crossing_forms(value, expected):
         ("h200-smollm2 a->b copy multiplier = 1", "1 value(s) for 2 subject(s)"),
         ("h200-smollm2 baseline sessions = 312.02", "needs ctx="),
         ("h200-smollm2 baseline copy ctx=4096 sessions = 312.02", "figure of the arm"),
-        ("h200-smollm2 ngram copy c=4 critical_concurrency = 4..8", "name no c="),
+        ("h200-smollm2 ngram copy c=4 critical_concurrency = 4..8", "name no concurrency"),
+        ("h200-smollm2 ngram copy:0:4 critical_concurrency = 4..8", "name no concurrency (write copy:0)"),
+        ("h200-smollm2 ngram copy:0:4:1 multiplier = 1", "a point is WORKLOAD:T:C"),
+        ("h200-smollm2 ngram copy:0:4 c=4 multiplier = 1", "given twice"),
+        ("h200-smollm2 ngram copy:0:four multiplier = 1", "c=four"),
         ("h200-smollm2 ngram copy critical_concurrency = soon", "expected 4..8"),
     ],
 )
@@ -181,7 +198,7 @@ def test_unclosed_claim_comment_is_malformed():
     value=st.decimals(min_value=0, max_value=10_000, places=3, allow_nan=False),
 )
 def test_parse_reads_back_what_was_written(arm, c, t, value):
-    claim = parse(f"led {arm} copy T={t} c={c} multiplier = {value}")
+    claim = parse(f"led {arm} copy:{t}:{c} multiplier = {value}")
     assert claim.subjects[0].arm == arm and claim.subjects[0].concurrency == c
     assert claim.subjects[0].temperature == (None if t == "-" else float(t))
     assert claim.values[0].value == float(value) and claim.values[0].decimals == 3
@@ -191,20 +208,20 @@ def test_parse_reads_back_what_was_written(arm, c, t, value):
 
 
 def test_true_claim_holds_and_says_which_source_matched(ledgers):
-    verdict = check(ledgers, "test-small eagle copy T=0 c=4 multiplier = 1.3")
+    verdict = check(ledgers, "test-small eagle copy:0:4 multiplier = 1.3")
     assert verdict.status == "holds"
     assert "stored multiplier 1.3" in verdict.reason and "ratio of medians 390.0/300.0" in verdict.reason
 
 
 def test_ratio_of_medians_backs_more_decimals_than_the_stored_multiplier(ledgers):
-    verdict = check(ledgers, "reference-b200-nvfp4-gptq dflash2 free-form c=64 multiplier = 0.258")
+    verdict = check(ledgers, "reference-b200-nvfp4-gptq dflash2 free-form:-:64 multiplier = 0.258")
     assert verdict.status == "holds"
     assert verdict.reason.startswith("holds: ratio of medians 595/2306")
     assert "stored multiplier 0.26 has only 2 decimals" in verdict.reason
 
 
 def test_wrong_value_fails(ledgers):
-    verdict = check(ledgers, "test-small eagle copy T=0 c=4 multiplier = 1.4")
+    verdict = check(ledgers, "test-small eagle copy:0:4 multiplier = 1.4")
     assert verdict.status == "fails"
     assert "stated 1.4 at 1 decimal" in verdict.reason and "rounds to 1.3" in verdict.reason
 
@@ -213,21 +230,21 @@ def test_wrong_value_fails(ledgers):
     ("stated", "status"), [("0.3", "holds"), ("0.26", "holds"), ("0.2", "fails"), ("0.25", "fails")]
 )
 def test_rounding_is_taken_from_the_stated_value(ledgers, stated, status):
-    claim = f"reference-b200-nvfp4-gptq dflash2 free-form c=64 multiplier = {stated}"
+    claim = f"reference-b200-nvfp4-gptq dflash2 free-form:-:64 multiplier = {stated}"
     assert check(ledgers, claim).status == status
 
 
 @pytest.mark.parametrize(
     ("body", "reason"),
     [
-        ("h200-nope eagle copy T=0 c=1 multiplier = 1.8", "no ledger with id 'h200-nope'"),
-        ("not-the-id eagle copy T=0 c=1 multiplier = 1.8", "no ledger with id 'not-the-id'"),
-        ("test-small medusa copy T=0 c=1 multiplier = 1.8", "has no arm 'medusa'"),
-        ("test-small eagle copy T=0 c=2 multiplier = 1.8", "no point copy T=0.0 c=2"),
-        ("test-small eagle copy c=1 multiplier = 1.8", "no point copy T=- c=1"),
-        ("test-small eagle prose T=0 c=1 multiplier = 1.8", "no points for workload 'prose'"),
-        ("test-small baseline copy T=0 c=1 multiplier = 1", "arm 'baseline' has no multiplier"),
-        ("reference-b200-fp8kv dflash2 free-form c=1 output_tokens_per_s = 1", "no output_tokens_per_s"),
+        ("h200-nope eagle copy:0:1 multiplier = 1.8", "no ledger with id 'h200-nope'"),
+        ("not-the-id eagle copy:0:1 multiplier = 1.8", "no ledger with id 'not-the-id'"),
+        ("test-small medusa copy:0:1 multiplier = 1.8", "has no arm 'medusa'"),
+        ("test-small eagle copy:0:2 multiplier = 1.8", "no point copy:0:2"),
+        ("test-small eagle copy:-:1 multiplier = 1.8", "no point copy:-:1"),
+        ("test-small eagle prose:0:1 multiplier = 1.8", "no points for workload 'prose'"),
+        ("test-small baseline copy:0:1 multiplier = 1", "arm 'baseline' has no multiplier"),
+        ("reference-b200-fp8kv dflash2 free-form:-:1 output_tokens_per_s = 1", "no output_tokens_per_s"),
     ],
 )
 def test_unresolved_references_say_what_is_missing(ledgers, body, reason):
@@ -242,16 +259,16 @@ def test_ledgers_are_found_by_id_not_file_name(ledgers):
 
 def test_other_point_metrics(ledgers):
     for body in (
-        "test-small eagle copy T=0 c=1 multiplier_vs_matched = 1.89",
-        "test-small eagle copy T=0 c=1 acceptance_length = 2.5",
-        "test-small eagle copy T=0 c=1 acceptance_rate = 37.5%",
-        "test-small baseline->eagle copy T=0 c=1 output_tokens_per_s = 100 -> 180",
-        "test-small eagle copy T=0 c=1 output_tokens_per_s.max = 183.0",
-        "test-small eagle copy T=0 c=1 spread = 0.03",
+        "test-small eagle copy:0:1 multiplier_vs_matched = 1.89",
+        "test-small eagle copy:0:1 acceptance_length = 2.5",
+        "test-small eagle copy:0:1 acceptance_rate = 37.5%",
+        "test-small baseline->eagle copy:0:1 output_tokens_per_s = 100 -> 180",
+        "test-small eagle copy:0:1 output_tokens_per_s.max = 183.0",
+        "test-small eagle copy:0:1 spread = 0.03",
         "reference-b200-workloads dflash2 copy->free-form acceptance_length = 3.1 -> 2.2",
     ):
         assert check(ledgers, body).status == "holds", body
-    assert check(ledgers, "test-small eagle copy T=0 c=1 multiplier_vs_matched = 1.8").status == "fails"
+    assert check(ledgers, "test-small eagle copy:0:1 multiplier_vs_matched = 1.8").status == "fails"
 
 
 def test_kv_cache_claims(ledgers):
@@ -277,9 +294,9 @@ def test_sessions_arrow_claim(ledgers):
 
 def test_crossing_claims_both_ways(ledgers):
     # eagle on copy: 1.8 at c=1, 1.3 at c=4, 0.8 at c=16 -> crosses between 4 and 16
-    assert check(ledgers, "test-small eagle copy T=0 critical_concurrency = 4..16").status == "holds"
-    assert check(ledgers, "test-small eagle copy T=0 critical_concurrency = 1..4").status == "fails"
-    assert check(ledgers, "test-small eagle copy T=0 critical_concurrency = no-crossing").status == "fails"
+    assert check(ledgers, "test-small eagle copy:0 critical_concurrency = 4..16").status == "holds"
+    assert check(ledgers, "test-small eagle copy:0 critical_concurrency = 1..4").status == "fails"
+    assert check(ledgers, "test-small eagle copy:0 critical_concurrency = no-crossing").status == "fails"
     assert check(ledgers, "reference-b200-int4 dflash2 free-form critical_concurrency = 4.76 in 4..8").status == "holds"
     assert check(ledgers, "reference-b200-int4 dflash2 free-form critical_concurrency = 4.8").status == "holds"
     assert check(ledgers, "reference-b200-int4 dflash2 free-form critical_concurrency = 4.7").status == "fails"
@@ -322,10 +339,10 @@ def test_unaudited_numbers_are_found_and_code_is_skipped():
 def test_a_claim_on_the_line_audits_the_number_it_states():
     text = (
         "2,306 -> 595 tok/s, 0.3x "
-        "<!-- claim: l dflash2 free-form c=64 multiplier = 0.3 --> "
-        "<!-- claim: l baseline->dflash2 free-form c=64 output_tokens_per_s = 2,306 -> 595 -->\n"
-        "0.26x <!-- claim: l dflash2 free-form c=64 multiplier = 0.3 -->\n"
-        "1.4x <!-- claim: l dflash2 free-form c=1 acceptance_length = 1.4 -->\n"
+        "<!-- claim: l dflash2 free-form:-:64 multiplier = 0.3 --> "
+        "<!-- claim: l baseline->dflash2 free-form:-:64 output_tokens_per_s = 2,306 -> 595 -->\n"
+        "0.26x <!-- claim: l dflash2 free-form:-:64 multiplier = 0.3 -->\n"
+        "1.4x <!-- claim: l dflash2 free-form:-:1 acceptance_length = 1.4 -->\n"
     )
     numbers = [(n.line, n.text, n.audited) for n in scan_markdown(text, "r.md").numbers]
     # the visible 0.26 is not what the claim states; a non-multiplier claim vouches for no "x"
@@ -335,8 +352,8 @@ def test_a_claim_on_the_line_audits_the_number_it_states():
 def test_a_shown_number_that_differs_from_its_claim_fails_without_strict(ledger_dir, tmp_path, capsys):
     report = tmp_path / "r.md"
     report.write_text(
-        "eagle is 1.4x at c=1 <!-- claim: test-small eagle copy T=0 c=1 multiplier = 1.8 -->\n"
-        "1.8x here, 1.4x elsewhere <!-- claim: test-small eagle copy T=0 c=1 multiplier = 1.8 -->\n"
+        "eagle is 1.4x at c=1 <!-- claim: test-small eagle copy:0:1 multiplier = 1.8 -->\n"
+        "1.8x here, 1.4x elsewhere <!-- claim: test-small eagle copy:0:1 multiplier = 1.8 -->\n"
     )
     assert main(["audit-report", str(report), "--ledgers", str(ledger_dir)]) == 1
     out = capsys.readouterr().out.splitlines()
@@ -356,12 +373,12 @@ def test_audit_report_command(ledger_dir, tmp_path, capsys):
     report = tmp_path / "r.md"
     report.write_text(
         "# r\n"
-        "eagle is 1.8x at c=1 <!-- claim: test-small eagle copy T=0 c=1 multiplier = 1.8 -->\n"
+        "eagle is 1.8x at c=1 <!-- claim: test-small eagle copy:0:1 multiplier = 1.8 -->\n"
         "and 0.8x at 16, unmarked\n"
     )
     assert main(["audit-report", str(report), "--ledgers", str(ledger_dir)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith(f"{report}:2: claim 'test-small eagle copy T=0 c=1 multiplier = 1.8': holds")
+    assert out[0].startswith(f"{report}:2: claim 'test-small eagle copy:0:1 multiplier = 1.8': holds")
     assert out[1] == f"{report}:3: warning: unaudited number '0.8x' (no claim on its line states 0.8)"
     assert out[-1] == "1 claims: 1 hold, 0 fail, 0 unresolved; 1 unaudited numbers"
     assert main(["audit-report", str(report), "--ledgers", str(ledger_dir), "--strict"]) == 1
@@ -370,14 +387,14 @@ def test_audit_report_command(ledger_dir, tmp_path, capsys):
 def test_audit_report_fails_on_a_wrong_or_unresolved_claim(ledger_dir, tmp_path, capsys):
     report = tmp_path / "r.md"
     report.write_text(
-        "1.9x <!-- claim: test-small eagle copy T=0 c=1 multiplier = 1.9 -->\n"
-        "1.8x <!-- claim: test-small eagle copy T=0 c=8 multiplier = 1.8 -->\n"
-        "1.8x <!-- claim: test-small eagle copy T=0 c=1 multiplier = 1.8 -->\n"
+        "1.9x <!-- claim: test-small eagle copy:0:1 multiplier = 1.9 -->\n"
+        "1.8x <!-- claim: test-small eagle copy:0:8 multiplier = 1.8 -->\n"
+        "1.8x <!-- claim: test-small eagle copy:0:1 multiplier = 1.8 -->\n"
     )
     assert main(["audit-report", "-q", str(report), "--ledgers", str(ledger_dir)]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith(f"{report}:1: claim 'test-small eagle copy T=0 c=1 multiplier = 1.9': fails: ")
-    assert out[1].startswith(f"{report}:2: claim 'test-small eagle copy T=0 c=8 multiplier = 1.8': unresolved: ")
+    assert out[0].startswith(f"{report}:1: claim 'test-small eagle copy:0:1 multiplier = 1.9': fails: ")
+    assert out[1].startswith(f"{report}:2: claim 'test-small eagle copy:0:8 multiplier = 1.8': unresolved: ")
     assert out[-1] == "3 claims: 1 hold, 1 fail, 1 unresolved; 0 unaudited numbers"
     assert len(out) == 3  # -q hides what holds
 
@@ -394,7 +411,7 @@ def test_a_ledger_that_does_not_load_leaves_its_claims_unresolved(tmp_path):
     data["points"][0]["arms"]["baseline"]["output_tokens_per_s"]["median"] = -1
     (tmp_path / "bad.json").write_text(json.dumps(data))
     ledgers = LedgerSet.load([tmp_path])
-    verdict = check(ledgers, "test-small eagle copy T=0 c=1 multiplier = 1.8")
+    verdict = check(ledgers, "test-small eagle copy:0:1 multiplier = 1.8")
     assert verdict.status == "unresolved" and "does not load" in verdict.reason
     assert ledgers.problems
 
@@ -402,13 +419,13 @@ def test_a_ledger_that_does_not_load_leaves_its_claims_unresolved(tmp_path):
 def test_duplicate_ledger_ids_are_unresolved(tmp_path):
     shutil.copy(SMALL, tmp_path / "a.json")
     shutil.copy(SMALL, tmp_path / "b.json")
-    verdict = check(LedgerSet.load([tmp_path]), "test-small eagle copy T=0 c=1 multiplier = 1.8")
+    verdict = check(LedgerSet.load([tmp_path]), "test-small eagle copy:0:1 multiplier = 1.8")
     assert verdict.status == "unresolved" and "several files" in verdict.reason
 
 
 def test_summary_line_counts(ledgers, tmp_path):
     report = tmp_path / "r.md"
-    report.write_text("<!-- claim: test-small eagle copy T=0 c=1 multiplier = 1.8 -->\n9.9x\n")
+    report.write_text("<!-- claim: test-small eagle copy:0:1 multiplier = 1.8 -->\n9.9x\n")
     audit = audit_report(report, ledgers)
     assert summary_line([audit, audit]) == "2 claims: 2 hold, 0 fail, 0 unresolved; 2 unaudited numbers"
 
@@ -420,11 +437,11 @@ def test_ci_bounds_and_means_of_v3_points_are_claims(tmp_path):
 
     report = tmp_path / "r.md"
     report.write_text(
-        "a <!-- claim: h200-smollm2-copy ngram copy T=0 c=1 multiplier.low = 1.099 -->\n"
-        "b <!-- claim: h200-smollm2-copy ngram copy T=0 c=1 multiplier_vs_matched.high = 1.367 -->\n"
-        "c <!-- claim: h200-smollm2-copy baseline copy T=0 c=1 output_tokens_per_s.mean = 439.5 -->\n"
-        "d <!-- claim: h200-smollm2-copy ngram copy T=0 c=1 multiplier.high = 1.2 -->\n"
-        "e <!-- claim: h200-smollm2-free-form-burst ngram free-form T=0 c=1 multiplier.low = 0.2 -->\n")
+        "a <!-- claim: h200-smollm2-copy ngram copy:0:1 multiplier.low = 1.099 -->\n"
+        "b <!-- claim: h200-smollm2-copy ngram copy:0:1 multiplier_vs_matched.high = 1.367 -->\n"
+        "c <!-- claim: h200-smollm2-copy baseline copy:0:1 output_tokens_per_s.mean = 439.5 -->\n"
+        "d <!-- claim: h200-smollm2-copy ngram copy:0:1 multiplier.high = 1.2 -->\n"
+        "e <!-- claim: h200-smollm2-free-form-burst ngram free-form:0:1 multiplier.low = 0.2 -->\n")
     ledgers = LedgerSet.load([ROOT / "ledgers", ROOT / "tests" / "data" / "h200-smollm2-free-form-burst.json"])
     audit = audit_report(report, ledgers)
     statuses = [v.status for v in audit.verdicts]
@@ -442,7 +459,7 @@ def test_a_v3_multiplier_claim_is_checked_against_the_ratio_of_means_not_of_medi
     of_means = point["arms"]["ngram"]["multiplier"]
     assert abs(of_medians - of_means) >= 0.005  # the two readings differ in the stated digits
 
-    wrong = check(v3, f"h200-smollm2-copy ngram copy T=1 c=1 multiplier = {of_medians:.3f}")
+    wrong = check(v3, f"h200-smollm2-copy ngram copy:1:1 multiplier = {of_medians:.3f}")
     assert wrong.status == "fails" and "ratio of means" in wrong.reason
-    right = check(v3, f"h200-smollm2-copy ngram copy T=1 c=1 multiplier = {of_means:.3f}")
+    right = check(v3, f"h200-smollm2-copy ngram copy:1:1 multiplier = {of_means:.3f}")
     assert right.status == "holds" and "ratio of means" in right.reason

@@ -87,6 +87,7 @@ def test_a_point_recorded_here_verifies_here(tmp_path: Path, request: pytest.Fix
     # the CPU engine's arms build side by side (engines.kv_sized_by_setting): each build within the starts' wall time
     assert 0 < max(seconds["engine_builds"].values()) <= seconds["engine_starts"] < seconds["session"]
     assert 0 < seconds["measurement"] == seconds["per_point"] < seconds["session"]
+    assert seconds["point_wall_s"] == {POINT: seconds["per_point"]}  # a later run's time budget expects as much
     assert any(line.startswith("specledger record-verify seconds: model build") for line in log.splitlines())
     (run,) = recorded.data["provenance"]["runs"]  # who measured which point, kept across resumed runs
     assert run["points"] == [POINT] and run["machine"] == machine

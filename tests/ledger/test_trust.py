@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -52,18 +50,18 @@ def test_each_setting_outside_the_allowlist_is_named_with_its_json_path(tmp_path
     assert specs[0].engine_args["trust_remote_code"] is True
 
 
-def test_pytest_refuses_a_hostile_ledger_before_any_engine_starts(tmp_path: Path) -> None:
+def test_pytest_refuses_a_hostile_ledger_before_any_engine_starts(inner_pytest: pytest.Pytester,
+                                                                  tmp_path: Path) -> None:
     path = _hostile(tmp_path)
     t0 = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/engine/test_ledgers.py", "-p", "no:cacheprovider", "-q", "-m",
-         "not gpu", "-o", "addopts=", "--ledger", str(path), "--ledger-points", "copy:0:1", "-p", "no:benchmark"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out[-3000:]
+    result = inner_pytest.runpytest_inprocess(
+        str(ROOT / "tests" / "engine" / "test_ledgers.py"), "-p", "no:cacheprovider", "-q", "-m", "not gpu",
+        "-o", "addopts=", "--ledger", str(path), "--ledger-points", "copy:0:1", "-p", "no:benchmark")
+    out = result.stdout.str()
+    assert result.ret == 1, out[-3000:]
+    result.assert_outcomes(failed=2)
     assert "$.engine_args.trust_remote_code" in out and "$.arms[1].env.LD_PRELOAD" in out
     assert "Traceback" not in out and "starting arm" not in out
-    assert "2 failed" in out
     assert time.monotonic() - t0 < 120
 
 

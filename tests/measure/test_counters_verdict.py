@@ -384,7 +384,7 @@ def test_a_reproduced_multiplier_holds():
 def test_a_multiplier_that_fell_is_changed_and_names_the_direction():
     result = _verify([100, 104, 96, 102, 98, 101], [120, 124, 115, 122, 118, 121])
     assert result.outcome == "changed" and not result.ok
-    message = result.message("x-spec-copy-T0-c2")
+    message = result.message("x-spec-copy:0:2")
     assert "changed (down)" in message and "95% CI" in message and "repeat spread" in message
 
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from specledger.ledger import Ledger
 from specledger.ledger.model import json_path
+from specledger.ledger.selection import point_label
 
 Severity = Literal["error", "warning", "info"]
 #: Severities from least to most serious (index = rank).
@@ -40,8 +41,8 @@ def num(x: float) -> str:
 
 
 def where(point: Mapping[str, Any]) -> str:
-    """A point's conditions for a message: copy, T=0.0, c=16."""
-    return f"{point['workload']}, T={point.get('temperature')}, c={point.get('concurrency')}"
+    """A point's conditions for a message, in the one point grammar: copy:0:16."""
+    return point_label((point["workload"], point.get("temperature"), point.get("concurrency")))
 
 
 class Auditor:

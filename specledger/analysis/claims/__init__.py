@@ -4,15 +4,17 @@ A report sells numbers ("1.4x at one user", "0.3x at 64"). Each one gets a claim
 which ledger figure it is, so CI re-derives it from the ledger instead of trusting the prose.
 The mark is an HTML comment on the same line, invisible when GitHub renders the Markdown:
 
-    ngram reached 1.18x <!-- claim: h200-smollm2-copy ngram copy T=0 c=1 multiplier = 1.18 -->
+    ngram reached 1.18x <!-- claim: h200-smollm2-copy ngram copy:0:1 multiplier = 1.18 -->
 
 Grammar (one comment, on one line):
 
-    claim: LEDGER ARM [WORKLOAD] [T=t] [c=n] [ctx=n] METRIC = VALUE
+    claim: LEDGER ARM [WORKLOAD[:T[:C]]] [ctx=n] METRIC = VALUE
 
-LEDGER is a ledger `id` (not a file name). T and c left out, or written `-`, mean the point
-whose field is null (reference ledgers often publish no temperature or concurrency). One slot
-may list several values joined by `->` (`baseline->dflash2`, `c=1->64`); VALUE then lists as
+LEDGER is a ledger `id` (not a file name). The point is written as everywhere else in specledger
+(`--ledger-points`, test ids, progress lines): `copy:0:16`. T and C left out, or written `-`, mean
+the point whose field is null (reference ledgers often publish no temperature or concurrency:
+`copy:-:8`). The keyed `copy T=0 c=16` of reports written before this grammar still parses. One slot
+may list several values joined by `->` (`baseline->dflash2`, `copy:0:1->64`); VALUE then lists as
 many numbers (`6.7 -> 4.3`). A value is checked at the decimals it is written with ("0.3": 1;
 "-36%" is -0.36 at 2), against every source the ledger has for it (stored figure, ratio of
 medians, counters): it holds when one of them rounds to it, and the verdict says which.

@@ -27,6 +27,7 @@ from specledger.ledger import Ledger, LedgerError, figures, iter_ledger_paths, l
 from specledger.ledger.figures import decimals_of, decimals_word, rounds_to
 from specledger.ledger.model import Problem
 from specledger.ledger.safe_read import load_json_safely, read_text_safely
+from specledger.ledger.selection import point_label
 
 
 class Unresolved(SpecledgerError):
@@ -118,9 +119,9 @@ def _point(ledger: Ledger, s: Subject) -> dict[str, Any]:
             {k[1:] for k in map(Ledger.point_key, ledger.points) if k[0] == s.workload},
             key=lambda k: (k[0] is not None, k[0] or 0.0, k[1] is not None, k[1] or 0),
         )
-        have = [f"T={_null(t)} c={_null(c)}" for t, c in keys]
+        have = [point_label((s.workload, t, c)) for t, c in keys]
         raise Unresolved(
-            f"ledger {ledger.id!r} has no point {s.workload} T={_null(s.temperature)} c={_null(s.concurrency)} "
+            f"ledger {ledger.id!r} has no point {point_label((s.workload, s.temperature, s.concurrency))} "
             f"(it has: {', '.join(have)})"
         )
     return point
@@ -244,7 +245,7 @@ def _judge_crossing(ledger: Ledger, claim: Claim) -> tuple[bool, str]:
     )
     if not curve:
         raise Unresolved(
-            f"ledger {ledger.id!r} has no multipliers of arm {s.arm!r} for {s.workload} T={_null(s.temperature)} "
+            f"ledger {ledger.id!r} has no multipliers of arm {s.arm!r} for {s.workload}:{_null(s.temperature)} "
             "at a known concurrency"
         )
     crossing = theory.critical_concurrency([c for c, _ in curve], [m for _, m in curve])
@@ -295,12 +296,12 @@ def _label(subjects: Sequence[Subject], subject: Subject) -> str:
     """'baseline: ' for the arrow slot of a claim about several subjects; '' for one subject."""
     if len(subjects) == 1:
         return ""
-    names = ("arm", "workload", "temperature", "concurrency", "context")
-    keys = ("", "", "T=", "c=", "ctx=")
-    for name, key in zip(names, keys, strict=True):
-        if len({getattr(s, name) for s in subjects}) > 1:
-            value = getattr(subject, name)
-            return f"{key}{value if isinstance(value, str) else _null(value)}: "
+    if len({s.arm for s in subjects}) > 1:
+        return f"{subject.arm}: "
+    if len({(s.workload, s.temperature, s.concurrency) for s in subjects}) > 1:
+        return f"{point_label((subject.workload, subject.temperature, subject.concurrency))}: "
+    if len({s.context for s in subjects}) > 1:
+        return f"ctx={_null(subject.context)}: "
     return ""
 
 

@@ -211,21 +211,33 @@ def _crossing(rhs: str) -> CrossingStatement:
 
 
 def _slots(selectors: Sequence[str]) -> tuple[list[list[str]], dict[str, list[str]]]:
-    """Positional selectors (arm, workload) and keyed ones (T=, c=, ctx=), each split on '->'."""
+    """Positional selectors (arm, workload) and keyed ones (T=, c=, ctx=), each split on '->'.
+
+    The workload is written as a point, ``copy:0:16`` (the grammar of `--ledger-points` and of test ids), whose
+    T and C land in the keyed slots; the keyed ``T=0 c=16`` of earlier reports still parses."""
     positional: list[list[str]] = []
     keyed: dict[str, list[str]] = {}
+    in_point: set[str] = set()
     for token in selectors:
         key, sep, value = token.partition("=")
         if sep:
             if key not in _KEYS:
                 raise _Syntax(f"unknown selector {token!r} (known: T=, c=, ctx=)")
             if key in keyed:
-                raise _Syntax(f"{key}= given twice")
+                raise _Syntax(f"{key}= given twice" + (" (once in the WORKLOAD:T:C point)" if key in in_point else ""))
             keyed[key] = value.split("->")
         else:
             if len(positional) == 2:
-                raise _Syntax(f"unexpected {token!r}: after the ledger come ARM, WORKLOAD, then T=, c=, ctx=")
-            positional.append(token.split("->"))
+                raise _Syntax(f"unexpected {token!r}: after the ledger come ARM, WORKLOAD:T:C, then ctx=")
+            workload, *point = token.split(":") if positional else [token]
+            if len(point) > 2:
+                raise _Syntax(f"{token!r}: a point is WORKLOAD:T:C (e.g. copy:0:16), with '-' for a null T or C")
+            for key, value in zip(("T", "c")[: len(point)], point, strict=True):
+                if key in keyed:
+                    raise _Syntax(f"{key}= given twice: in {token!r} and as {key}=")
+                keyed[key] = value.split("->")
+                in_point.add(key)
+            positional.append(workload.split("->"))
     if any("" in values for values in [*positional, *keyed.values()]):
         raise _Syntax("an empty name or value around '->'")
     return positional, keyed
@@ -237,7 +249,7 @@ def _check_selectors(metric: str, positional: list[list[str]], keyed: dict[str, 
         raise _Syntax("names no arm")
     if metric in ARM_METRICS:
         if len(positional) > 1 or "T" in keyed or "c" in keyed:
-            raise _Syntax(f"{metric} is a figure of the arm: name no workload, T= or c=")
+            raise _Syntax(f"{metric} is a figure of the arm: name no workload or point")
         if metric == "sessions" and "ctx" not in keyed:
             raise _Syntax("sessions needs ctx=CONTEXT_TOKENS")
         if metric != "sessions" and "ctx" in keyed:
@@ -248,7 +260,7 @@ def _check_selectors(metric: str, positional: list[list[str]], keyed: dict[str, 
     if "ctx" in keyed:
         raise _Syntax(f"{metric} takes no ctx=")
     if metric == CRITICAL and "c" in keyed:
-        raise _Syntax("critical_concurrency is over the concurrency curve: name no c=")
+        raise _Syntax("critical_concurrency is over the concurrency curve: name no concurrency (write copy:0)")
 
 
 def parse_claim(body: str, file: str, line: int) -> Claim | Malformed:
@@ -267,7 +279,7 @@ def _parse(text: str, file: str, line: int) -> Claim:
     split = tokens.index("=")
     lhs, rhs = tokens[:split], " ".join(tokens[split + 1 :])
     if len(lhs) < 2:
-        raise _Syntax("expected LEDGER ARM [WORKLOAD] [T=] [c=] [ctx=] METRIC before '='")
+        raise _Syntax("expected LEDGER ARM [WORKLOAD[:T[:C]]] [ctx=] METRIC before '='")
     ledger, *selectors, metric = lhs
     if metric not in METRICS:
         raise _Syntax(f"unknown metric {metric!r} (known: {', '.join(METRICS)})")
