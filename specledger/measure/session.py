@@ -113,7 +113,7 @@ class SuiteSession:
         return self.pool.infos(ledger_id)
 
     # -- measuring ---------------------------------------------------------------------------------------
-    def over_budget(self, ledger: Ledger | None = None, key: tuple[str, float, int] | None = None) -> str | None:
+    def over_budget(self, ledger: Ledger, key: tuple[str, float, int]) -> str | None:
         """Why no further point may start (None: it may): it would end past ``budget_s`` seconds after the session
         began. It is expected to take as long as the slowest point so far, or as long as it took in the ledger's
         earlier runs when that is longer (`recording.recorded_point_seconds`). Why the second: on 2026-12-04 a
@@ -122,11 +122,10 @@ class SuiteSession:
             return None
         elapsed = time.monotonic() - self._started
         slowest = max((m.wall_s for m in self._cache.values()), default=0.0)
-        earlier = (recording.recorded_point_seconds(ledger.data.get("provenance"), point_label(key))
-                   if ledger is not None and key is not None else None)
+        earlier = recording.recorded_point_seconds(ledger.data.get("provenance"), point_label(key))
         if elapsed + max(slowest, earlier or 0.0) <= self.budget_s:
             return None
-        why = (f"{point_label(key)} took {earlier:.0f} s in an earlier run of {ledger.id}"  # type: ignore[arg-type,union-attr]
+        why = (f"{point_label(key)} took {earlier:.0f} s in an earlier run of {ledger.id}"
                if earlier is not None and earlier > slowest else f"the slowest point took {slowest:.0f} s")
         return (f"time budget: {elapsed:.0f} s spent, {why}, the budget is {self.budget_s:.0f} s "
                 f"(resume with --ledger-record --ledger-only-missing)")
