@@ -233,4 +233,7 @@ def test_a_point_is_expected_to_take_its_longest_earlier_run_or_that_runs_mean_p
     assert recorded_point_seconds({"runs": runs}, "copy:0:64") is None
     assert recorded_point_seconds({"runs": [{"started": "a", "points": None, "time_s": {"per_point": 7.0}}]},
                                   "copy:0:64") == 7.0  # a run of before runs named their points holds every point
+    legacy_and_named = [{"started": "a", "points": None, "time_s": {"per_point": 300.0}}, *runs]
+    assert recorded_point_seconds({"runs": legacy_and_named}, "copy:0:1") == 90.0  # a later run took it over
+    assert recorded_point_seconds({"runs": legacy_and_named}, "copy:0:64") == 300.0  # the legacy run still holds it
     assert recorded_point_seconds(None, "copy:0:1") is None

@@ -277,13 +277,18 @@ def merge_runs(previous: Mapping[str, Any] | None, current: Mapping[str, Any], s
     return out
 
 
-def run_of_point(prov: Mapping[str, Any] | None, label: str) -> Mapping[str, Any] | None:
-    """The provenance.runs entry that recorded the point labelled ``label`` (None when runs are not kept)."""
+def runs_of_point(prov: Mapping[str, Any] | None, label: str) -> list[Mapping[str, Any]]:
+    """The provenance.runs entries that hold the point labelled ``label``, oldest first: the runs that name it
+    (two when a run added its start to an earlier run's point), else the legacy run from before runs named their
+    points, which holds every point no later run names."""
     runs = (prov or {}).get("runs") or []
-    for run in runs:
-        if run.get("points") is not None and label in run["points"]:
-            return run
-    return next((run for run in runs if run.get("points") is None), None)
+    named = [run for run in runs if run.get("points") is not None and label in run["points"]]
+    return named or [run for run in runs if run.get("points") is None][:1]
+
+
+def run_of_point(prov: Mapping[str, Any] | None, label: str) -> Mapping[str, Any] | None:
+    """The provenance.runs entry that first recorded the point labelled ``label`` (None when runs are not kept)."""
+    return next(iter(runs_of_point(prov, label)), None)
 
 
 def recorded_point_seconds(prov: Mapping[str, Any] | None, label: str) -> float | None:
@@ -291,9 +296,7 @@ def recorded_point_seconds(prov: Mapping[str, Any] | None, label: str) -> float 
     ``time_s.point_wall_s`` of a run that holds it, else that run's ``time_s.per_point`` (runs recorded before
     point times were kept); None when no run says."""
     seconds = []
-    for run in (prov or {}).get("runs") or []:
-        if run.get("points") is not None and label not in run["points"]:
-            continue
+    for run in runs_of_point(prov, label):
         times = run.get("time_s") or {}
         own = (times.get("point_wall_s") or {}).get(label)
         seconds += [own] if own is not None else [times["per_point"]] if times.get("per_point") else []
