@@ -33,7 +33,7 @@ _MEASURED_ARM_KEYS = ("effective_config", "kv_cache", "sessions")
 #: Protocol v1/v2 sweep keys that protocol v3 replaces with `protocol` (repeats, window, warm-up).
 _V1_SWEEP_KEYS = ("repeats", "requests_per_repeat", "warmup_requests")
 #: Top-level keys that hold measured or derived figures.
-_FIGURE_KEYS = ("provenance", "critical_concurrency", "claims")
+_FIGURE_KEYS = ("provenance", "critical_concurrency", "claims", "start_spread")
 
 #: Keys a point's protocol_version goes after (the point's conditions), in this order of preference.
 _CONDITION_KEYS = ("concurrency", "temperature", "workload")

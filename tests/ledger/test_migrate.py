@@ -298,6 +298,9 @@ def test_replan_keeps_the_conditions_and_the_gpu_and_drops_every_figure():
     assert source.points  # the input is left as it was
     with pytest.raises(ValueError, match="no setting 'windw'"):
         replan_data(source.data, {"windw": {}})
+    # a v3 source's between-start spread is pooled from its own points: the planned ledger has none of them
+    measured = load_ledger(ROOT / "ledgers" / "h200-qwen2.5-coder-1.5b.json")
+    assert measured.data["start_spread"] and "start_spread" not in replan_data(measured.data)
 
 
 def test_replan_cli_writes_once_and_refuses_to_overwrite(tmp_path, capsys):
