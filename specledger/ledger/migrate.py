@@ -112,7 +112,8 @@ def replan_data(data: Mapping[str, Any], protocol: Mapping[str, Any] | None = No
     """A planned ledger with `data`'s conditions, for recording again under protocol v3.
 
     `protocol` overrides the defaults per section (``{"window": {"min_s": 2.5}}`` keeps the other
-    window keys); the accelerator kind, name and count survive, so a GPU ledger stays one. The old
+    window keys); the accelerator kind, name, count and memory survive, so a GPU ledger stays one and is still
+    checked against its card (specledger.ledger.gpu_memory). The old
     notes describe the old figures and are dropped; `note` (or a line naming the source) replaces them.
     """
     out = copy.deepcopy(dict(data))
@@ -120,7 +121,8 @@ def replan_data(data: Mapping[str, Any], protocol: Mapping[str, Any] | None = No
     for key in _FIGURE_KEYS:
         out.pop(key, None)
     if accelerator:
-        out["provenance"] = {"accelerator": {k: v for k, v in accelerator.items() if k in ("kind", "name", "count")}}
+        out["provenance"] = {"accelerator": {k: v for k, v in accelerator.items()
+                                             if k in ("kind", "name", "count", "memory_gib")}}  # the card, not a run
     out["schema_version"] = SCHEMA_VERSION
     out["status"] = "planned"
     out["points"] = []

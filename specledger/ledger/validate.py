@@ -28,6 +28,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specledger.ledger import gpu_memory
 from specledger.ledger.model import (
     SCHEMA_VERSION,
     SCHEMA_VERSIONS,
@@ -45,10 +46,8 @@ if TYPE_CHECKING:
     from jsonschema import Draft202012Validator
 
 __all__ = [
-    "MAX_SUMMED_GPU_MEMORY_UTILIZATION",
     "SCHEMA_PATH",
     "SCHEMA_PATHS",
-    "VLLM_DEFAULT_GPU_MEMORY_UTILIZATION",
     "load_schema",
     "parse_ledger",
 ]
@@ -274,41 +273,31 @@ def _semantic_problems(data: dict[str, Any], file: str) -> list[Problem]:
     return problems + _gpu_memory_problems(data, file)
 
 
-#: vLLM's own default for `gpu_memory_utilization`, which an arm gets when neither it nor the ledger sets one.
-VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
-#: The most the arms' fractions may add up to: every arm's engine runs side by side on the same GPU(s), and
-#: each process also holds a CUDA context outside its fraction.
-MAX_SUMMED_GPU_MEMORY_UTILIZATION = 0.95
-
-
 def _gpu_memory_problems(data: dict[str, Any], file: str) -> list[Problem]:
-    """A GPU ledger whose arms cannot all start. Why here: a ledger's arms run side by side (one engine each,
-    one ledger at a time), and vLLM gives each engine `gpu_memory_utilization` of the whole GPU and refuses to
-    start when less is free. Six arms at 0.3 would start three and fail the rest, found only on the GPU
-    after the staging and the first starts had spent the slot; the sum is known from the file."""
+    """A GPU ledger whose arms cannot all start, or would not fit the GPU its provenance names
+    (`gpu_memory.device_memory_problem`, when `$.provenance.accelerator.memory_gib` says how large it is). Why here:
+    the sums are known from the file, and found only on the GPU they cost the slot (2026-12-05: an arm died of CUDA
+    out of memory mid-run on an H100 80GB)."""
     if data.get("status") == "reference" or not is_gpu_ledger(data):
         return []
+    fractions = gpu_memory.arm_fractions(data)
+    if fractions is None:
+        return []  # the schema reports the type
     shared = data.get("engine_args") if isinstance(data.get("engine_args"), dict) else {}
-    arms = [arm for _, arm in _named(data.get("arms"))]
-    fractions = []
-    for arm in arms:
-        own = arm.get("engine_args") if isinstance(arm.get("engine_args"), dict) else {}
-        value = own.get("gpu_memory_utilization", shared.get("gpu_memory_utilization",
-                                                             VLLM_DEFAULT_GPU_MEMORY_UTILIZATION))
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            return []  # the schema reports the type
-        fractions.append(float(value))
-    total = sum(fractions)
-    if total <= MAX_SUMMED_GPU_MEMORY_UTILIZATION + 1e-9:
-        return []
     where = ["engine_args", "gpu_memory_utilization"] if "gpu_memory_utilization" in shared else ["arms"]
-    listed = ", ".join(f"{arm['name']} {f:g}" for arm, f in zip(arms, fractions, strict=True))
-    return [Problem(file, json_path(where),
-                    f"the {len(arms)} arms run side by side on each GPU, and their gpu_memory_utilization adds "
-                    f"up to {total:.2f} ({listed}); vLLM reserves each engine's fraction of the whole GPU, so "
-                    f"the arms started last would not start: keep the sum at most "
-                    f"{MAX_SUMMED_GPU_MEMORY_UTILIZATION} (arms not setting it get vLLM's default, "
-                    f"{VLLM_DEFAULT_GPU_MEMORY_UTILIZATION})")]
+    summed = gpu_memory.summed_fraction_problem(fractions)
+    if summed is not None:
+        return [Problem(file, json_path(where), summed)]
+    provenance = data.get("provenance") if isinstance(data.get("provenance"), dict) else {}
+    accel = provenance.get("accelerator") if isinstance(provenance.get("accelerator"), dict) else {}
+    memory_gib = accel.get("memory_gib")
+    if not isinstance(memory_gib, (int, float)) or isinstance(memory_gib, bool):
+        return []
+    problem = gpu_memory.device_memory_problem(fractions, float(memory_gib))
+    if problem is None:
+        return []
+    return [Problem(file, json_path(where), f"{problem} ($.provenance.accelerator: {accel.get('name', 'a GPU')} "
+                                            f"of {float(memory_gib):g} GiB)")]
 
 
 #: Figures only a speculative (or policy) arm has: a baseline states none of them.

@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from specledger.ledger import Ledger
+from specledger.ledger import Ledger, gpu_memory
+from specledger.ledger.model import is_gpu_ledger
 from specledger.measure import engines
 from specledger.render.tables import config_differences
 
@@ -27,6 +28,23 @@ def recorded_kv_blocks(ledger: Ledger) -> dict[str, int]:
     """Each arm's KV block count as the ledger recorded it ($.arms[*].kv_cache.num_blocks), for pinned starts."""
     return {arm["name"]: int(arm["kv_cache"]["num_blocks"]) for arm in ledger.arms
             if (arm.get("kv_cache") or {}).get("num_blocks")}
+
+
+def check_gpu_memory(ledger: Ledger, memory_gib: float | None = None) -> None:
+    """Refuse, before any engine starts, arms that would not fit side by side on this machine's GPU
+    (`gpu_memory.device_memory_problem`; `memory_gib` defaults to nvidia-smi's). Why: on 2026-12-05 six arms
+    started on an H100 80GB, and the sixth died of CUDA out of memory at the second point, after 900 device s."""
+    if not is_gpu_ledger(ledger.data):
+        return
+    memory_gib = engines.gpu_memory_gib() if memory_gib is None else memory_gib
+    fractions = gpu_memory.arm_fractions(ledger.data)
+    if memory_gib is None or fractions is None:
+        return
+    problem = gpu_memory.device_memory_problem(fractions, memory_gib)
+    if problem is not None:
+        shared = "gpu_memory_utilization" in (ledger.data.get("engine_args") or {})
+        raise ValueError(f"{ledger.path}: {'$.engine_args.gpu_memory_utilization' if shared else '$.arms'}: "
+                         f"not started on this GPU ({memory_gib:g} GiB): {problem}")
 
 
 class EnginePool:
@@ -86,6 +104,12 @@ class EnginePool:
             if specs is not None and self._open_specs is not None \
                     and all(spec in self._open_specs[1] for spec in specs):
                 return self._share_engines(ledger, self._open_specs[0], specs)
+            if specs is not None:
+                try:
+                    check_gpu_memory(ledger)
+                except ValueError as exc:
+                    self._failed_start[ledger.id] = exc
+                    raise
             # One ledger's engines at a time: idle vLLM engines still take CPU (the CPU
             # engine's workers spin), which would skew the next ledger's measurements.
             self.close()
@@ -138,6 +162,12 @@ class EnginePool:
     def arm_failure(self, ledger: Ledger, arm: str) -> BaseException | None:
         """The start error of an arm that could not start (its tests fail with it)."""
         return self._failed_arms.get(ledger.id, {}).get(arm)
+
+    def dead_arms(self, ledger_id: str) -> dict[str, str]:
+        """Arms of the ledger's open engines that cannot serve again, with why (``ArmEngine.dead_reason``; HTTP
+        endpoints have none)."""
+        return {name: why for name, arm in self._arms.get(ledger_id, {}).items()
+                if (why := getattr(arm, "dead_reason", None)) is not None}
 
     def infos(self, ledger_id: str) -> dict[str, Any]:
         """The ledger's arm infos by arm name; empty before its engines started."""

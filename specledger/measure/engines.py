@@ -51,6 +51,16 @@ class EngineStartError(SpecledgerError, RuntimeError):
     """An arm's engine could not start; carries the worker's traceback."""
 
 
+class ArmRunError(SpecledgerError, RuntimeError):
+    """A command failed in a started arm's worker. `engine_dead`: the engine cannot serve again (vLLM's engine core
+    died, e.g. of CUDA out of memory, or the worker is gone), so every later window on this arm would fail too."""
+
+    def __init__(self, message: str, *, arm: str, engine_dead: bool) -> None:
+        super().__init__(message)
+        self.arm = arm
+        self.engine_dead = engine_dead
+
+
 @dataclass(frozen=True)
 class ArmSpec:
     """Everything needed to start one arm: engine arguments and environment."""
@@ -137,6 +147,8 @@ class ArmEngine:
         self._proc: mp.Process | None = None
         self._conn: Any = None
         self._lock = threading.Lock()
+        #: Why this arm's engine cannot serve again (None while it can): set by the first failure that killed it.
+        self.dead_reason: str | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def spawn(self) -> ArmEngine:
@@ -206,6 +218,9 @@ class ArmEngine:
         return self._call({"cmd": "counters"}, 60)["counters"]
 
     def _call(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        if self.dead_reason is not None:  # each later window would wait for the same failure again
+            raise ArmRunError(f"arm {self.spec.name}: its engine died earlier in this session ({self.dead_reason}); "
+                              "it cannot serve again", arm=self.spec.name, engine_dead=True)
         if not self.alive:
             raise RuntimeError(f"arm {self.spec.name}: engine process is not running")
         with self._lock:
@@ -218,7 +233,11 @@ class ArmEngine:
             if self._proc is None or not self._proc.is_alive():
                 code = None if self._proc is None else self._proc.exitcode
                 self.close()
-                raise EngineStartError(f"arm {self.spec.name}: worker died during {what} (exit code {code})")
+                message = f"arm {self.spec.name}: worker died during {what} (exit code {code})"
+                if what in ("import", "start"):
+                    raise EngineStartError(message)
+                self.dead_reason = f"worker died during {what}, exit code {code}"
+                raise ArmRunError(message, arm=self.spec.name, engine_dead=True)
             if time.monotonic() > deadline:
                 self.close()
                 raise TimeoutError(f"arm {self.spec.name}: no answer to {what} within {timeout_s:.0f} s")
@@ -226,7 +245,14 @@ class ArmEngine:
         if reply.get("error"):
             if what in ("import", "start"):
                 self.close()
-            raise EngineStartError(f"arm {self.spec.name}: {what} failed in the worker:\n{reply['error']}")
+                raise EngineStartError(f"arm {self.spec.name}: {what} failed in the worker:\n{reply['error']}")
+            dead = bool(reply.get("engine_dead"))
+            if dead:
+                self.dead_reason = f"{what}: {_last_error_line(reply['error'])}"
+            raise ArmRunError(f"arm {self.spec.name}: {what} failed in the worker"
+                              + (" and its engine died (the engine's log above has the cause, e.g. CUDA out of "
+                                 "memory)" if dead else "") + f":\n{reply['error']}",
+                              arm=self.spec.name, engine_dead=dead)
         return reply
 
 
@@ -413,7 +439,8 @@ def _worker_main(conn: Any, spec: ArmSpec, parent_pid: int) -> None:
                 else:
                     conn.send({"error": f"unknown command {cmd!r}"})
             except Exception:
-                conn.send({"error": traceback.format_exc()})
+                error = traceback.format_exc()
+                conn.send({"error": error, "engine_dead": engine_dead(engine, error)})
     except (EOFError, KeyboardInterrupt):
         pass
     finally:
@@ -477,6 +504,18 @@ def chat_token_ids(tokenizer: Any, prompt: str) -> list[int]:
                                              add_generation_prompt=True)
         return list(tokenizer.encode(text, add_special_tokens=False))
     return list(tokenizer.encode(prompt))
+
+
+def engine_dead(engine: Any, error: str) -> bool:
+    """Whether a failed command left the engine unable to serve: vLLM's `AsyncLLM.errored` (its engine core died),
+    or an EngineDeadError in the traceback where the engine has no such flag."""
+    return bool(getattr(engine, "errored", False)) or "EngineDeadError" in error
+
+
+def _last_error_line(error: str) -> str:
+    """The exception line at the end of a traceback (the reason a one-line message can give)."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "no traceback"
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -632,6 +671,9 @@ def accelerator() -> dict[str, Any]:
         driver = _nvidia_driver()
         if driver:
             out["driver"] = driver
+        memory_gib = gpu_memory_gib()
+        if memory_gib is not None:
+            out["memory_gib"] = memory_gib
         if out["count"] > 1:
             link = _interconnect()
             if link:
@@ -675,6 +717,25 @@ def _nvidia_driver() -> str | None:
                              capture_output=True, text=True, timeout=20)
         return res.stdout.strip().splitlines()[0] or None
     return None
+
+
+def gpu_memory_gib() -> float | None:
+    """The smallest GPU's memory in GiB as nvidia-smi reports it (None without nvidia-smi): what the arms must fit
+    side by side (specledger.ledger.gpu_memory). nvidia-smi, not torch: it does not open a CUDA context here."""
+    import subprocess
+
+    with contextlib.suppress(Exception):
+        res = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20)
+        return memory_gib_of(res.stdout)
+    return None
+
+
+def memory_gib_of(query_output: str) -> float | None:
+    """GiB from ``nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits`` (MiB, one line a GPU): the
+    smallest, rounded to 0.01 (pure, so it is unit-tested)."""
+    mib = [float(line) for line in (s.strip() for s in query_output.splitlines()) if line.replace(".", "", 1).isdigit()]
+    return round(min(mib) / 1024, 2) if mib else None
 
 
 def read_spec_counters() -> dict[str, Any]:

@@ -19,7 +19,7 @@ from specledger.ledger.selection import LedgerPoint, skip_reason
 from specledger.ledger.trust import UntrustedLedger
 from specledger.measure.http.server_metrics import EndpointError
 from specledger.measure.replication import StartMismatch
-from specledger.measure.session import StoreRefused
+from specledger.measure.session import PointNotMeasured, StoreRefused
 
 __all__ = ["PointOutcome", "check"]
 
@@ -42,11 +42,12 @@ def check(session: Any, point: LedgerPoint, *, strict: bool = False) -> PointOut
         return PointOutcome("skipped", reason)
     try:
         measured = session.measure(point.ledger, point.key)
-    except (UntrustedLedger, EndpointError, StoreRefused) as exc:  # the message says what failed, where (file, URL)
-        return PointOutcome("failed", f"{point.test_id}: {exc}")
-    failure = session.arm_failure(point.ledger, point.arm)
+    except (UntrustedLedger, EndpointError, StoreRefused, PointNotMeasured) as exc:  # the message says what failed,
+        # where (file, URL); an arm that did not start says so first (no arm up: the point was never measured)
+        return _start_failure(session, point) or PointOutcome("failed", f"{point.test_id}: {exc}")
+    failure = _start_failure(session, point)
     if failure is not None:
-        return PointOutcome("failed", f"{point.test_id}: arm {point.arm} did not start:\n{failure}")
+        return failure
     if session.record:
         return _record(session, point, measured)
     result = verdict.compare_point(point.ledger, point.arm, point.ledger.find_point(*point.key), measured.point,
@@ -58,6 +59,13 @@ def check(session: Any, point: LedgerPoint, *, strict: bool = False) -> PointOut
     if not result.ok or (strict and result.outcome == "inconclusive"):
         return PointOutcome("failed", result.message(point.test_id), result.outcome)
     return PointOutcome("passed", "" if result.outcome == "holds" else result.message(point.test_id), result.outcome)
+
+
+def _start_failure(session: Any, point: LedgerPoint) -> PointOutcome | None:
+    failure = session.arm_failure(point.ledger, point.arm)
+    if failure is None:
+        return None
+    return PointOutcome("failed", f"{point.test_id}: arm {point.arm} did not start:\n{failure}")
 
 
 def _record(session: Any, point: LedgerPoint, measured: Any) -> PointOutcome:

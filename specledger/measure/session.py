@@ -46,6 +46,13 @@ class StoreRefused(SpecledgerError, RuntimeError):
     every later point would be refused with it (the working ledger holds the refused point)."""
 
 
+class PointNotMeasured(SpecledgerError, RuntimeError):
+    """Not measured, at once: the point already failed in this session (a point is measured once for all its arm
+    tests, and so fails once), or an arm of its ledger has a dead engine that no later window can run on. Why: on
+    2026-12-05 an arm died of CUDA out of memory, and each of the next eleven arm tests warmed the five live arms up
+    again before failing on the dead one, 500 device seconds spent on nothing."""
+
+
 class SuiteSession:
     def __init__(self, *, root: Path, record: bool, out_dir: Path | None = None,
                  progress: Progress = print, command: str | None = None, only_missing: bool = False,
@@ -98,6 +105,7 @@ class SuiteSession:
         self._stored: set[tuple[str, tuple[str, float, int]]] = set()
         self._targets: dict[Path, Path] = {}
         self._refused: dict[str, str] = {}  # ledger id -> why a store was refused (no point of it is measured after)
+        self._failed: dict[tuple[str, tuple[str, float, int]], BaseException] = {}  # points that raised, by key
 
     # -- engines (specledger.measure.engine_pool) ----------------------------------------------------------
     def arms_for(self, ledger: Ledger) -> dict[str, Any]:
@@ -226,17 +234,42 @@ class SuiteSession:
             raise StoreRefused(f"{ledger.path}: {point_label(key)} not measured: {self._refused[ledger.id]}; every "
                                "later point of this ledger would be refused with it")
         if cache_key not in self._cache:
-            if self.starts > 1:
-                self._measure_in_starts(ledger, key)
-            else:
-                arms = self.arms_for(ledger)  # first: the protocol depends on the machine the engines see
-                protocol = self._protocol(ledger, key)
-                if self.add_start and self.start_repeats is not None:
-                    protocol = self._repeats_per_start(ledger, protocol, self.start_repeats)
-                m = self._measure_one(ledger, key, arms, protocol=protocol, more=self._more_rule(ledger, key))
-                self._cache[cache_key] = m
-                self._announce(ledger, key, m)
+            self._refuse_known_failure(ledger, key)
+            try:
+                if self.starts > 1:
+                    self._measure_in_starts(ledger, key)
+                else:
+                    arms = self.arms_for(ledger)  # first: the protocol depends on the machine the engines see
+                    if not arms:
+                        raise PointNotMeasured(f"{ledger.path}: {point_label(key)} not measured: no arm of "
+                                               f"{ledger.id} started (each arm's test shows its start error)")
+                    protocol = self._protocol(ledger, key)
+                    if self.add_start and self.start_repeats is not None:
+                        protocol = self._repeats_per_start(ledger, protocol, self.start_repeats)
+                    m = self._measure_one(ledger, key, arms, protocol=protocol, more=self._more_rule(ledger, key))
+                    self._cache[cache_key] = m
+                    self._announce(ledger, key, m)
+            except BusyMachine:
+                raise  # the load may pass: the point's next arm test looks again
+            except Exception as exc:
+                self._failed[cache_key] = exc
+                raise
         return self._cache[cache_key]
+
+    def _refuse_known_failure(self, ledger: Ledger, key: tuple[str, float, int]) -> None:
+        """Raise `PointNotMeasured` when measuring `key` can only fail again: it failed before in this session, or
+        an arm of the ledger has a dead engine (``dead_reason``, engines.ArmEngine)."""
+        earlier = self._failed.get((ledger.id, key))
+        if earlier is not None:
+            first = str(earlier).strip().splitlines()[0] if str(earlier).strip() else type(earlier).__name__
+            raise PointNotMeasured(f"{ledger.path}: {point_label(key)} not measured again: it failed once in this "
+                                   f"session, in an earlier arm test ({type(earlier).__name__}: {first})")
+        dead = self.pool.dead_arms(ledger.id)
+        if dead:
+            arms = "; ".join(f"arm {name}: {why}" for name, why in dead.items())
+            raise PointNotMeasured(f"{ledger.path}: {point_label(key)} not measured: an engine of {ledger.id} died "
+                                   f"earlier in this session ({arms}), and every window on it would fail; "
+                                   "resume in a new session with --ledger-record --ledger-only-missing")
 
     def plan(self, ledger: Ledger, key: tuple[str, float, int]) -> None:
         """Say that point `key` of `ledger` will be measured in this session: with several engine starts, the

@@ -149,6 +149,30 @@ def test_a_window_streams_token_times_and_times_its_requests_inside_the_engine()
     assert runs[0]["outputs"]["0"] == runs[1]["outputs"]["0"] and len(runs[0]["outputs"]["0"]) > 0
 
 
+def test_an_engine_that_dies_mid_run_is_known_dead_and_is_not_asked_again():
+    """The engine core killed under a started arm (as CUDA out of memory killed one on 2026-12-05): the next window
+    fails with engine_dead, and the one after fails at once, without another wait on the dead engine."""
+    from specledger.models import resolve_model
+
+    spec = engines.ArmSpec(name="baseline", role="baseline", engine_args={
+        "model": resolve_model("embedded:smollm2"), "dtype": "float32", "max_model_len": 512,
+        "enforce_eager": True, "max_num_seqs": 2})
+    sampling = {"temperature": 0.0, "max_tokens": 8}
+    with engines.ArmEngine(spec) as arm:
+        assert arm.run(prompts=["Say hello."], concurrency=1, sampling=sampling, window_s=0.5)["output_tokens"] > 0
+        cores = subprocess.run(["pgrep", "-P", str(arm._proc.pid)], capture_output=True, text=True).stdout.split()
+        assert cores, "the worker should have an engine core process"
+        for pid in cores:
+            os.kill(int(pid), signal.SIGKILL)
+        with pytest.raises(engines.ArmRunError) as first:
+            arm.run(prompts=["Say hello."], concurrency=1, sampling=sampling, window_s=0.5, timeout_s=120)
+        assert first.value.engine_dead and first.value.arm == "baseline" and arm.dead_reason, str(first.value)
+        t0 = time.monotonic()
+        with pytest.raises(engines.ArmRunError, match="its engine died earlier in this session"):
+            arm.run(prompts=["Say hello."], concurrency=1, sampling=sampling, window_s=0.5)
+        assert time.monotonic() - t0 < 1.0
+
+
 def test_ledgers_with_the_same_arms_share_one_start_and_others_get_their_own(tmp_path):
     """Two ledgers whose arms are the same engines (model, engine arguments, environment) are measured on one
     start: a second one costs GPU seconds and buys nothing. A ledger with other arms gets its own engines, and

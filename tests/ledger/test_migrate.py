@@ -301,6 +301,11 @@ def test_replan_keeps_the_conditions_and_the_gpu_and_drops_every_figure():
     # a v3 source's between-start spread is pooled from its own points: the planned ledger has none of them
     measured = load_ledger(ROOT / "ledgers" / "h200-qwen2.5-coder-1.5b.json")
     assert measured.data["start_spread"] and "start_spread" not in replan_data(measured.data)
+    # the card's memory stays with the card (the arms are checked against it), the run's driver does not
+    h100 = load_ledger(ROOT / "ledgers" / "h100-qwen2.5-coder-1.5b.json").data
+    again = replan_data({**h100, "provenance": {"accelerator": {**h100["provenance"]["accelerator"], "driver": "580"}}})
+    assert again["provenance"]["accelerator"] == {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "count": 1,
+                                                  "memory_gib": 79.65}
 
 
 def test_replan_cli_writes_once_and_refuses_to_overwrite(tmp_path, capsys):

@@ -305,6 +305,24 @@ def test_gpu_arms_that_fit_side_by_side(small, shared, arms):
     parse_ledger(json.dumps(_on_gpu(small, shared, **arms)), "x.json")
 
 
+def test_gpu_arms_that_start_but_do_not_fit_the_named_gpu(tmp_path, small):
+    """The 2026-12-05 case scaled to three arms on a 79.65 GiB H100: at 0.3 each the shares (71.7 GiB) plus 2.1 GiB
+    an engine holds beyond its share come to 78.0 GiB and fit; at 0.31 each (80.4 GiB) they do not, though the sum
+    stays under the 0.95 cap."""
+    data = _on_gpu(small, 0.31)
+    data["provenance"]["accelerator"].update(name="NVIDIA H100 80GB HBM3", memory_gib=79.65)
+    problem = single(problems_of(write(tmp_path, json.dumps(data))), "$.engine_args.gpu_memory_utilization")
+    assert "do not fit side by side on a 79.7 GiB GPU" in problem.message
+    assert "at most 0.305 an arm" in problem.message and "NVIDIA H100 80GB HBM3 of 79.65 GiB" in problem.message
+    data["engine_args"]["gpu_memory_utilization"] = 0.3
+    parse_ledger(json.dumps(data), "x.json")
+
+
+def test_a_gpu_of_unknown_size_gets_only_the_sum_check(small):
+    """Ledgers recorded before memory_gib was kept: nothing to check the card against."""
+    parse_ledger(json.dumps(_on_gpu(small, 0.31)), "x.json")
+
+
 @pytest.mark.parametrize("status", ["cpu", "reference"])
 def test_the_gpu_memory_sum_binds_only_gpu_ledgers_that_run(small, status):
     """A CPU engine ignores the setting; a reference ledger's arms ran elsewhere, not side by side here."""
