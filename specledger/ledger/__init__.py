@@ -1,8 +1,8 @@
 """The ledger format: what a ledger holds (`model`), how an input file is read without hanging or crashing
-(`safe_read`), the JSON Schema and the checks a ledger must pass (`validate`, and its `schemas/`), loading and
-atomic writing (`io`), and what is read out of a valid ledger: the points a run selects (`selection`), the figures a
-point yields (`figures`), the engine settings it may carry (`trust`), and the rewrite of version 1 ledgers
-(`migrate`).
+(`safe_read`), the JSON Schema and the checks a ledger must pass (`validate`, and its `schemas/`; whether its arms fit
+the GPU: `gpu_memory`), loading and atomic writing (`io`), and what is read out of a valid ledger: the points a run
+selects (`selection`), the figures a point yields (`figures`), the engine settings it may carry (`trust`), and the
+rewrite of version 1 ledgers (`migrate`).
 
 Every other layer reads or writes ledgers through this one. It imports only the standard library at import time
 (jsonschema when a ledger is first validated), so the names nearly every caller uses are re-exported here:
