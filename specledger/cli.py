@@ -598,7 +598,8 @@ def _replan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("ledger", metavar="LEDGER", help="the ledger whose conditions to plan again")
     parser.add_argument("-o", "--out", required=True, metavar="FILE", help="the planned ledger to write")
     parser.add_argument("--protocol", metavar="JSON", default=None,
-                        help='protocol v3 settings over the defaults, e.g. \'{"window": {"min_s": 2.5}}\'')
+                        help='protocol v3 settings over the source ledger\'s own (a v3 source) or the defaults, '
+                             'e.g. \'{"window": {"min_s": 2.5}}\'')
     parser.add_argument("--note", default=None, help="the planned ledger's note (default: where it came from)")
     parser.add_argument("--force", action="store_true", help="replace FILE if it exists")
 

@@ -111,10 +111,12 @@ def replan_data(data: Mapping[str, Any], protocol: Mapping[str, Any] | None = No
                 note: str | None = None) -> dict[str, Any]:
     """A planned ledger with `data`'s conditions, for recording again under protocol v3.
 
-    `protocol` overrides the defaults per section (``{"window": {"min_s": 2.5}}`` keeps the other
-    window keys); the accelerator kind, name, count and memory survive, so a GPU ledger stays one and is still
-    checked against its card (specledger.ledger.gpu_memory). The old
-    notes describe the old figures and are dropped; `note` (or a line naming the source) replaces them.
+    `protocol` overrides, per section (``{"window": {"min_s": 2.5}}`` keeps the other window keys), the protocol of
+    a v3 source, else the defaults: a replan for another card keeps the windows and repeats its source's curve was
+    measured with (on 2026-12-05 a replan without --protocol took the defaults, 10 s windows against the source's
+    2.5 s, and its first visit ran them). The accelerator kind, name, count and memory survive, so a GPU ledger
+    stays one and is still checked against its card (specledger.ledger.gpu_memory). The old notes describe the old
+    figures and are dropped; `note` (or a line naming the source) replaces them.
     """
     out = copy.deepcopy(dict(data))
     accelerator = (out.get("provenance") or {}).get("accelerator")
@@ -133,7 +135,10 @@ def replan_data(data: Mapping[str, Any], protocol: Mapping[str, Any] | None = No
     unknown = [key for key in protocol or {} if key not in DEFAULT_PROTOCOL]
     if unknown:
         raise ValueError(f"protocol has no setting {unknown[0]!r} (known: {', '.join(DEFAULT_PROTOCOL)})")
-    out["protocol"] = protocol_with_overrides(protocol)
+    source = data.get("protocol")
+    base = protocol_with_overrides(source) if isinstance(source, Mapping) and source.get("version") == 3 \
+        else DEFAULT_PROTOCOL  # the source's sections over the defaults, so a newer default key is not lost
+    out["protocol"] = protocol_with_overrides(protocol, base)
     out["notes"] = [note or f"Planned from {data.get('id')!r} ({data.get('status')}) to be recorded with protocol v3: "
                     "its figures, if any, stay wherever that ledger was kept."]
     return out

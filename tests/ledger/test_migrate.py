@@ -301,6 +301,10 @@ def test_replan_keeps_the_conditions_and_the_gpu_and_drops_every_figure():
     # a v3 source's between-start spread is pooled from its own points: the planned ledger has none of them
     measured = load_ledger(ROOT / "ledgers" / "h200-qwen2.5-coder-1.5b.json")
     assert measured.data["start_spread"] and "start_spread" not in replan_data(measured.data)
+    # a v3 source's protocol is the base of the replan (its windows and repeats), under --protocol's overrides
+    assert replan_data(measured.data)["protocol"] == measured.data["protocol"]
+    mine = replan_data(measured.data, {"repeats": {"min": 8}})["protocol"]
+    assert mine["repeats"] == {"min": 8, "max": 10} and mine["window"] == measured.data["protocol"]["window"]
     # the card's memory stays with the card (the arms are checked against it), the run's driver does not
     h100 = load_ledger(ROOT / "ledgers" / "h100-qwen2.5-coder-1.5b.json").data
     again = replan_data({**h100, "provenance": {"accelerator": {**h100["provenance"]["accelerator"], "driver": "580"}}})
