@@ -12,12 +12,13 @@ above one, the engines start that many times and every planned point is measured
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as _dt
 import os
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -235,26 +236,34 @@ class SuiteSession:
                                "later point of this ledger would be refused with it")
         if cache_key not in self._cache:
             self._refuse_known_failure(ledger, key)
-            try:
-                if self.starts > 1:
+            if self.starts > 1:
+                with self._remembering_failure(cache_key):
                     self._measure_in_starts(ledger, key)
-                else:
-                    arms = self.arms_for(ledger)  # first: the protocol depends on the machine the engines see
-                    if not arms:
-                        raise PointNotMeasured(f"{ledger.path}: {point_label(key)} not measured: no arm of "
-                                               f"{ledger.id} started (each arm's test shows its start error)")
-                    protocol = self._protocol(ledger, key)
-                    if self.add_start and self.start_repeats is not None:
-                        protocol = self._repeats_per_start(ledger, protocol, self.start_repeats)
+            else:
+                arms = self.arms_for(ledger)  # first: the protocol depends on the machine the engines see
+                if not arms:  # (a start failure is the pool's to remember, and each arm's test shows its own)
+                    raise PointNotMeasured(f"{ledger.path}: {point_label(key)} not measured: no arm of "
+                                           f"{ledger.id} started (each arm's test shows its start error)")
+                protocol = self._protocol(ledger, key)
+                if self.add_start and self.start_repeats is not None:
+                    protocol = self._repeats_per_start(ledger, protocol, self.start_repeats)
+                with self._remembering_failure(cache_key):
                     m = self._measure_one(ledger, key, arms, protocol=protocol, more=self._more_rule(ledger, key))
-                    self._cache[cache_key] = m
-                    self._announce(ledger, key, m)
-            except BusyMachine:
-                raise  # the load may pass: the point's next arm test looks again
-            except Exception as exc:
-                self._failed[cache_key] = exc
-                raise
+                self._cache[cache_key] = m
+                self._announce(ledger, key, m)
         return self._cache[cache_key]
+
+    @contextlib.contextmanager
+    def _remembering_failure(self, cache_key: tuple[str, tuple[str, float, int]]) -> Iterator[None]:
+        """Remember a measurement that raised, so that the point's other arm tests fail at once
+        (`_refuse_known_failure`); a busy machine is not remembered, since the load may pass."""
+        try:
+            yield
+        except BusyMachine:
+            raise
+        except Exception as exc:
+            self._failed[cache_key] = exc
+            raise
 
     def _refuse_known_failure(self, ledger: Ledger, key: tuple[str, float, int]) -> None:
         """Raise `PointNotMeasured` when measuring `key` can only fail again: it failed before in this session, or
