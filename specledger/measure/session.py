@@ -241,9 +241,6 @@ class SuiteSession:
                     self._measure_in_starts(ledger, key)
             else:
                 arms = self.arms_for(ledger)  # first: the protocol depends on the machine the engines see
-                if not arms:  # (a start failure is the pool's to remember, and each arm's test shows its own)
-                    raise PointNotMeasured(f"{ledger.path}: {point_label(key)} not measured: no arm of "
-                                           f"{ledger.id} started (each arm's test shows its start error)")
                 protocol = self._protocol(ledger, key)
                 if self.add_start and self.start_repeats is not None:
                     protocol = self._repeats_per_start(ledger, protocol, self.start_repeats)
@@ -291,6 +288,9 @@ class SuiteSession:
                      protocol: dict[str, Any] | None, more: procedure.MoreRule | None = None,
                      start: int | None = None, passes: dict[str, Any] | None = None) -> procedure.PointMeasurement:
         """One point in the engines as they are now, with the machine's load before and after."""
+        if not arms:  # every arm failed to start (the pool remembers why, and each arm's test shows its own)
+            raise PointNotMeasured(f"{ledger.path}: {point_label(key)} not measured: no arm of {ledger.id} "
+                                   "started (each arm's test shows its start error)")
         threshold = float(procedure.protocol_for(ledger)["busy_others_cpu_share"])
         before = fingerprint.sample_load(1.0)
         busy = fingerprint.is_busy(before, threshold)

@@ -109,3 +109,20 @@ def test_nvidia_smi_memory_reads_the_smallest_gpu():
     assert engines.memory_gib_of("81559\n") == 79.65
     assert engines.memory_gib_of("143771\n81559\n") == 79.65
     assert engines.memory_gib_of("[N/A]\n") is None and engines.memory_gib_of("") is None
+
+
+def test_no_arm_up_fails_each_arm_test_with_its_own_start_error(tmp_path):
+    """Every arm failed to start: the point is not measured (no IndexError on an empty arm list), and each arm's
+    test says why its arm did not start."""
+    from specledger.ledger.selection import LedgerPoint
+    from specledger.measure import point_check
+
+    ledger = _ledger()
+    session = SuiteSession(root=ROOT, record=True, out_dir=tmp_path)
+    session.pool._arms[ledger.id] = {}
+    session.pool._failed_arms[ledger.id] = {arm["name"]: engines.EngineStartError(f"{arm['name']}: no memory")
+                                            for arm in ledger.arms}
+    with pytest.raises(PointNotMeasured, match="copy:0:1 not measured: no arm of cpu-smollm2 started"):
+        session.measure(ledger, ("copy", 0.0, 1))
+    outcome = point_check.check(session, LedgerPoint(ledger, "ngram", "copy", 0.0, 1))
+    assert outcome.status == "failed" and "arm ngram did not start:\nngram: no memory" in outcome.message
