@@ -50,7 +50,7 @@ class StoreRefused(SpecledgerError, RuntimeError):
 class PointNotMeasured(SpecledgerError, RuntimeError):
     """Not measured, at once: the point already failed in this session (a point is measured once for all its arm
     tests, and so fails once), or an arm of its ledger has a dead engine that no later window can run on. Why: on
-    2026-12-05 an arm died of CUDA out of memory, and each of the next eleven arm tests warmed the five live arms up
+    2026-12-05 an arm died of CUDA out of memory, and each of the next ten arm tests warmed the five live arms up
     again before failing on the dead one, 500 device seconds spent on nothing."""
 
 

@@ -2,7 +2,7 @@
 are refused before any engine starts.
 
 Why: on 2026-12-05 (reports/evidence/2026-12-05-h100-qwen-bf16-visit2) six arms at 0.15 of an H100 80GB started,
-the sixth died of CUDA out of memory at copy:0:64, and each of the next eleven arm tests warmed the five live arms
+the sixth died of CUDA out of memory at copy:0:64, and each of the next ten arm tests warmed the five live arms
 up again before failing on the dead one: about 500 of the session's 1,800 device seconds. The arms and the
 measurement here are small fakes (pure logic: which calls happen); the real engine death is in
 tests/engine/test_engines.py.
