@@ -397,6 +397,7 @@ def _kill_group(pid: int | None) -> None:
 
 def _worker_main(conn: Any, spec: ArmSpec, parent_pid: int) -> None:
     os.setsid()  # own process group: the parent can kill the engine core with it
+    signal.signal(signal.SIGTERM, _end_own_group)
     os.environ.update(spec.env)
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -416,6 +417,7 @@ def _worker_main(conn: Any, spec: ArmSpec, parent_pid: int) -> None:
             os._exit(0)  # asked to shut down before the engine was built
         build_started_at = time.time()
         engine, tokenizer = loop.run_until_complete(_start_engine(spec))
+        signal.signal(signal.SIGTERM, _end_own_group)  # again, in case building the engine replaced it
         info = loop.run_until_complete(_engine_info(engine, spec))
         info["start_timings"] = {"imported_at": imported_at, "build_started_at": build_started_at,
                                  "ready_at": time.time()}
@@ -516,6 +518,13 @@ def _last_error_line(error: str) -> str:
     """The exception line at the end of a traceback (the reason a one-line message can give)."""
     lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
     return lines[-1] if lines else "no traceback"
+
+
+def _end_own_group(signum: int, frame: Any) -> None:
+    """SIGTERM to a worker ends its whole process group, vLLM's engine core included. Without it the engine core
+    outlived a killed worker and kept its memory: on 2026-12-05 two orphaned CPU engine cores held 7 GiB, and the
+    next run's engines could not allocate their KV cache ("Available memory on node 0 (1.91/23.54 GiB)")."""
+    os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
 def _watch_parent(parent_pid: int) -> None:

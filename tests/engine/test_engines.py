@@ -173,6 +173,27 @@ def test_an_engine_that_dies_mid_run_is_known_dead_and_is_not_asked_again():
         assert time.monotonic() - t0 < 1.0
 
 
+def test_a_terminated_worker_takes_its_engine_core_with_it():
+    """SIGTERM to the arm's worker (a kill, a pkill of a test run) ends the engine core too: orphaned engine cores
+    once held 7 GiB of this machine, and the next run's CPU engines could not allocate their KV cache."""
+    from specledger.models import resolve_model
+
+    spec = engines.ArmSpec(name="baseline", role="baseline", engine_args={
+        "model": resolve_model("embedded:smollm2"), "dtype": "float32", "max_model_len": 512,
+        "enforce_eager": True, "max_num_seqs": 2})
+    with engines.ArmEngine(spec) as arm:
+        worker = arm._proc.pid
+        cores = subprocess.run(["pgrep", "-P", str(worker)], capture_output=True, text=True).stdout.split()
+        assert cores, "the worker should have an engine core process"
+        os.kill(worker, signal.SIGTERM)
+        for _ in range(30):
+            arm._proc.is_alive()  # reaps the worker once it is gone: a zombie would still count in its group
+            if not servers.group_alive(worker):
+                break
+            time.sleep(1)
+        assert not servers.group_alive(worker), "the engine core outlived its terminated worker"
+
+
 def test_ledgers_with_the_same_arms_share_one_start_and_others_get_their_own(tmp_path):
     """Two ledgers whose arms are the same engines (model, engine arguments, environment) are measured on one
     start: a second one costs GPU seconds and buys nothing. A ledger with other arms gets its own engines, and
