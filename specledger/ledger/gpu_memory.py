@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = ["ENGINE_GIB_BEYOND_SHARE", "MAX_SUMMED_GPU_MEMORY_UTILIZATION", "VLLM_DEFAULT_GPU_MEMORY_UTILIZATION",
-           "arm_fractions", "device_memory_problem", "summed_fraction_problem"]
+           "arm_fractions", "device_memory_problem", "setting_path", "summed_fraction_problem"]
 
 #: vLLM's own default for `gpu_memory_utilization`, which an arm gets when neither it nor the ledger sets one.
 VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
@@ -45,6 +45,12 @@ def arm_fractions(data: Mapping[str, Any]) -> list[tuple[str, float]] | None:
             return None
         out.append((str(arm.get("name")), float(value)))
     return out
+
+
+def setting_path(data: Mapping[str, Any]) -> list[str]:
+    """Where a problem with the fractions is reported: the ledger-wide setting when there is one, else the arms."""
+    shared = data.get("engine_args") if isinstance(data.get("engine_args"), Mapping) else {}
+    return ["engine_args", "gpu_memory_utilization"] if "gpu_memory_utilization" in shared else ["arms"]
 
 
 def _listed(fractions: Iterable[tuple[str, float]]) -> str:

@@ -283,8 +283,7 @@ def _gpu_memory_problems(data: dict[str, Any], file: str) -> list[Problem]:
     fractions = gpu_memory.arm_fractions(data)
     if fractions is None:
         return []  # the schema reports the type
-    shared = data.get("engine_args") if isinstance(data.get("engine_args"), dict) else {}
-    where = ["engine_args", "gpu_memory_utilization"] if "gpu_memory_utilization" in shared else ["arms"]
+    where = gpu_memory.setting_path(data)
     summed = gpu_memory.summed_fraction_problem(fractions)
     if summed is not None:
         return [Problem(file, json_path(where), summed)]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from specledger.ledger import Ledger, gpu_memory
-from specledger.ledger.model import is_gpu_ledger
+from specledger.ledger.model import is_gpu_ledger, json_path
 from specledger.measure import engines
 from specledger.render.tables import config_differences
 
@@ -42,8 +42,7 @@ def check_gpu_memory(ledger: Ledger, memory_gib: float | None = None) -> None:
         return
     problem = gpu_memory.device_memory_problem(fractions, memory_gib)
     if problem is not None:
-        shared = "gpu_memory_utilization" in (ledger.data.get("engine_args") or {})
-        raise ValueError(f"{ledger.path}: {'$.engine_args.gpu_memory_utilization' if shared else '$.arms'}: "
+        raise ValueError(f"{ledger.path}: {json_path(gpu_memory.setting_path(ledger.data))}: "
                          f"not started on this GPU ({memory_gib:g} GiB): {problem}")
 
 

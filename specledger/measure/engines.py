@@ -718,26 +718,26 @@ def topology_summary(topo: str) -> str | None:
     return ", ".join(links) or None
 
 
-def _nvidia_driver() -> str | None:
+def _query_gpus(field: str) -> str:
+    """``nvidia-smi --query-gpu=FIELD`` (one line a GPU, no header or units); "" without nvidia-smi. nvidia-smi,
+    not torch: it opens no CUDA context in this process."""
     import subprocess
 
     with contextlib.suppress(Exception):
-        res = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
-        return res.stdout.strip().splitlines()[0] or None
-    return None
+        return subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=20).stdout
+    return ""
+
+
+def _nvidia_driver() -> str | None:
+    lines = _query_gpus("driver_version").strip().splitlines()
+    return (lines[0].strip() or None) if lines else None
 
 
 def gpu_memory_gib() -> float | None:
     """The smallest GPU's memory in GiB as nvidia-smi reports it (None without nvidia-smi): what the arms must fit
-    side by side (specledger.ledger.gpu_memory). nvidia-smi, not torch: it does not open a CUDA context here."""
-    import subprocess
-
-    with contextlib.suppress(Exception):
-        res = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20)
-        return memory_gib_of(res.stdout)
-    return None
+    side by side (specledger.ledger.gpu_memory)."""
+    return memory_gib_of(_query_gpus("memory.total"))
 
 
 def memory_gib_of(query_output: str) -> float | None:

@@ -17,6 +17,15 @@ pytestmark = pytest.mark.engine
 
 
 
+def _small_baseline() -> engines.ArmSpec:
+    """SmolLM2 as one small CPU baseline arm: the cheapest real engine these lifecycle tests can start."""
+    from specledger.models import resolve_model
+
+    return engines.ArmSpec(name="baseline", role="baseline", engine_args={
+        "model": resolve_model("embedded:smollm2"), "dtype": "float32", "max_model_len": 512,
+        "enforce_eager": True, "max_num_seqs": 2})
+
+
 def test_a_bad_model_fails_the_start_with_the_workers_traceback(tmp_path):
     spec = engines.ArmSpec(name="broken", role="baseline",
                            engine_args={"model": str(tmp_path / "no-such-model"), "dtype": "float32"})
@@ -121,11 +130,7 @@ def test_a_spawned_worker_imports_and_waits_without_building_an_engine(tmp_path)
 
 def test_a_window_streams_token_times_and_times_its_requests_inside_the_engine():
     """A steady-state window on the real engine: token times from DELTA outputs, engine timers as deltas."""
-    from specledger.models import resolve_model
-
-    spec = engines.ArmSpec(name="baseline", role="baseline", engine_args={
-        "model": resolve_model("embedded:smollm2"), "dtype": "float32", "max_model_len": 512,
-        "enforce_eager": True, "max_num_seqs": 2})
+    spec = _small_baseline()
     sampling = {"temperature": 0.0, "max_tokens": 16}
     prompts = ["Say hello.", "Count to five."]
     with engines.ArmEngine(spec) as arm:
@@ -152,11 +157,7 @@ def test_a_window_streams_token_times_and_times_its_requests_inside_the_engine()
 def test_an_engine_that_dies_mid_run_is_known_dead_and_is_not_asked_again():
     """The engine core killed under a started arm (as CUDA out of memory killed one on 2026-12-05): the next window
     fails with engine_dead, and the one after fails at once, without another wait on the dead engine."""
-    from specledger.models import resolve_model
-
-    spec = engines.ArmSpec(name="baseline", role="baseline", engine_args={
-        "model": resolve_model("embedded:smollm2"), "dtype": "float32", "max_model_len": 512,
-        "enforce_eager": True, "max_num_seqs": 2})
+    spec = _small_baseline()
     sampling = {"temperature": 0.0, "max_tokens": 8}
     with engines.ArmEngine(spec) as arm:
         assert arm.run(prompts=["Say hello."], concurrency=1, sampling=sampling, window_s=0.5)["output_tokens"] > 0
@@ -176,11 +177,7 @@ def test_an_engine_that_dies_mid_run_is_known_dead_and_is_not_asked_again():
 def test_a_terminated_worker_takes_its_engine_core_with_it():
     """SIGTERM to the arm's worker (a kill, a pkill of a test run) ends the engine core too: orphaned engine cores
     once held 7 GiB of this machine, and the next run's CPU engines could not allocate their KV cache."""
-    from specledger.models import resolve_model
-
-    spec = engines.ArmSpec(name="baseline", role="baseline", engine_args={
-        "model": resolve_model("embedded:smollm2"), "dtype": "float32", "max_model_len": 512,
-        "enforce_eager": True, "max_num_seqs": 2})
+    spec = _small_baseline()
     with engines.ArmEngine(spec) as arm:
         worker = arm._proc.pid
         cores = subprocess.run(["pgrep", "-P", str(worker)], capture_output=True, text=True).stdout.split()
