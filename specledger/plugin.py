@@ -71,6 +71,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="pinned: every arm's KV cache gets the block count its ledger recorded, and the arms "
                          "start at once (a ledger extended or verified on the machine kind that recorded it); "
                          "default: vLLM sizes each arm's KV cache, one arm after another")
+    group.addoption("--ledger-compile-first", action="store_true",
+                    default=os.environ.get("SPECLEDGER_COMPILE_FIRST") == "1",
+                    help="on a GPU whose arms start one after another (not pinned): first build them all at once "
+                         "with a small KV cache, only to fill vLLM's compile cache, so that each arm's own start "
+                         "finds it warm (for a machine without the cache; default from SPECLEDGER_COMPILE_FIRST=1, "
+                         "which scripts/gpu-visit sets when it carried no cache)")
     group.addoption("--ledger-starts", default=1, type=int, metavar="N",
                     help="start each ledger's engines N times and measure every selected point in each start "
                          "(a share of the repeats each, the points' order rotated): a point's interval is then "
@@ -212,7 +218,8 @@ def specledger(request: pytest.FixtureRequest) -> Iterator[Any]:
                            kv_sizing=str(config.getoption("--ledger-kv-sizing")),
                            starts=int(config.getoption("--ledger-starts")),
                            add_start=bool(config.getoption("--ledger-add-start")),
-                           start_repeats=config.getoption("--ledger-start-repeats"))
+                           start_repeats=config.getoption("--ledger-start-repeats"),
+                           compile_first=bool(config.getoption("--ledger-compile-first")))
     config.stash[_SESSION_KEY] = session
     if session.starts > 1:  # every start measures every point this session will run
         for item in request.session.items:

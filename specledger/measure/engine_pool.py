@@ -54,11 +54,14 @@ class EnginePool:
     """
 
     def __init__(self, *, progress: Progress, http: HTTPMode | None = None, trusted: bool = False,
-                 kv_sizing: str = "default") -> None:
+                 kv_sizing: str = "default", compile_first: bool = False) -> None:
         self.progress = progress
         self.http = http
         self.trusted = trusted
         self.kv_sizing = kv_sizing
+        #: build the arms once side by side to fill vLLM's compile cache before their own starts
+        #: (`engines.compile_at_once`), where those go one after another
+        self.compile_first = compile_first
         self.infos_by_ledger: dict[str, dict[str, Any]] = {}
         self._arms: dict[str, dict[str, Any]] = {}
         self._failed_start: dict[str, BaseException] = {}
@@ -117,6 +120,8 @@ class EnginePool:
                 if specs is None:
                     arms = self.http.open(ledger, model, self.progress)
                 else:
+                    if self.compile_first and engines.wants_compile_phase(specs):
+                        engines.compile_at_once(specs, progress=self.progress)
                     started = engines.start_arms(specs, progress=self.progress, failures=failures)
                     arms = {arm.spec.name: arm for arm in started}
                     self._open_specs = (ledger.id, specs)

@@ -60,7 +60,7 @@ class SuiteSession:
                  http: HTTPMode | None = None, force_busy: bool = False, adaptive: bool = True,
                  budget_s: float | None = None, trusted: bool = False, full_protocol: bool = False,
                  kv_sizing: str = "default", starts: int = 1, add_start: bool = False,
-                 start_repeats: int | None = None) -> None:
+                 start_repeats: int | None = None, compile_first: bool = False) -> None:
         if http is not None and record:
             raise ValueError("HTTP mode verifies only: a ledger's figures are recorded with in-process engines "
                              "(over HTTP the tokens/s include the client and server overhead)")
@@ -96,7 +96,8 @@ class SuiteSession:
         self.start_repeats = start_repeats
         self._starts_added: set[tuple[str, tuple[str, float, int]]] = set()
         self._first_stored: set[tuple[str, tuple[str, float, int]]] = set()  # points this run measured first
-        self.pool = EnginePool(progress=progress, http=http, trusted=trusted, kv_sizing=kv_sizing)
+        self.pool = EnginePool(progress=progress, http=http, trusted=trusted, kv_sizing=kv_sizing,
+                               compile_first=compile_first)
         self.results: list[tuple[str, Any]] = []
         self._machines: dict[str, dict[str, Any] | None] = {}
         self._cache: dict[tuple[str, tuple[str, float, int]], procedure.PointMeasurement] = {}

@@ -250,3 +250,22 @@ def test_pinned_arms_start_at_once_with_the_kv_capacity_their_ledger_recorded():
         assert out["output_tokens"] > 0
     finally:
         session.close()
+
+
+def test_the_compile_phase_builds_real_arms_side_by_side_with_a_small_pinned_kv_cache_and_closes_them():
+    """engines.compile_at_once on the real CPU engine: two arms build at once, each pinned to one request of its
+    max_model_len (the override path every GPU arm takes there), and both are closed when it returns. On the CPU
+    engine no ledger asks for it (its arms already build at once), so this is the only test of a real start."""
+    from dataclasses import replace
+
+    first = _small_baseline()
+    specs = [first, replace(first, name="baseline-2")]
+    lines: list[str] = []
+    elapsed_s = engines.compile_at_once(specs, progress=lines.append)
+    ready = [line for line in lines if line.startswith("arm baseline-2 ready after")]
+    assert ready and ready[0].endswith("tokens, pinned)"), lines
+    assert int(ready[0].rsplit("KV cache ", 1)[1].split()[0]) >= 512, "one request of max_model_len fits"
+    assert lines[-1].startswith("compile phase: 2 of 2 arms built side by side and closed in"), lines
+    assert elapsed_s > 0
+    assert not any(arm.spec.name.startswith("baseline") for arm in engines._LIVE), "an arm was left running"
+    assert not engines.wants_compile_phase(specs)  # the CPU engine's arms need no compile phase

@@ -1,4 +1,5 @@
-"""Pinned KV capacity (--ledger-kv-sizing pinned): which arms are pinned, and how their concurrent start fails.
+"""Pinned KV capacity (--ledger-kv-sizing pinned) and the compile phase (--ledger-compile-first): which arms are
+pinned, and how their concurrent start fails.
 
 The engines here are small fakes (pure logic: threads, failures, progress); the real starts are in
 tests/engine/test_engines.py (CPU engine) and reports/evidence/2026-12-02-h200-kv-pinned-starts (H200).
@@ -99,3 +100,57 @@ def test_pinned_arms_start_at_once_and_one_that_fails_leaves_the_others_up(monke
     _FakeArm.most, lines[:] = 0, []
     engines.start_arms(_specs()[:1], progress=lines.append)
     assert lines[0] == "starting arm baseline (baseline)"
+
+
+def test_a_compile_only_arm_pins_one_request_of_its_context_and_keeps_its_engine_arguments():
+    qwen = engines.ArmSpec(name="baseline", role="baseline", engine_args={"model": "m", "max_model_len": 32768})
+    assert engines.compile_only(qwen).kv_blocks == 2049 and engines.compile_only(qwen).engine_args == qwen.engine_args
+    wide = engines.ArmSpec(name="b", role="baseline", engine_args={"model": "m", "max_model_len": 1000,
+                                                                   "block_size": 32})
+    assert engines.compile_only(wide).kv_blocks == 33  # ceil(1000 / 32) + 1
+    assert engines.compile_only(_specs()[0]).kv_blocks == engines.COMPILE_ONLY_KV_TOKENS // 16 + 1
+
+
+def test_a_compile_phase_is_wanted_only_where_the_arms_would_start_one_after_another(monkeypatch):
+    monkeypatch.setattr(engines, "kv_sized_by_setting", lambda: None)  # a GPU engine
+    assert engines.wants_compile_phase(_specs())
+    assert not engines.wants_compile_phase(_specs()[:1])  # one arm: nothing to overlap
+    assert not engines.wants_compile_phase(engines.pinned(_specs(), {"baseline": 10, "ngram": 9, "draft": 8}))
+    monkeypatch.setattr(engines, "kv_sized_by_setting", lambda: "KV from VLLM_CPU_KVCACHE_SPACE")
+    assert not engines.wants_compile_phase(_specs())  # the CPU engine's arms already build at once
+
+
+def test_the_compile_phase_builds_every_arm_at_once_closes_them_and_only_reports_a_failure(monkeypatch):
+    monkeypatch.setattr(engines, "ArmEngine", _FakeArm)
+    built: list[_FakeArm] = []
+    real_start = _FakeArm.start
+
+    def start(self):
+        built.append(self)
+        return real_start(self)
+
+    monkeypatch.setattr(_FakeArm, "start", start)
+    monkeypatch.setattr(engines, "gpu_memory_used_mib", lambda: None)
+    _FakeArm.most = 0
+    lines: list[str] = []
+    elapsed_s = engines.compile_at_once(_specs(), progress=lines.append)
+    assert _FakeArm.most == 3 and elapsed_s >= 0.2
+    assert all(arm.spec.kv_blocks == engines.COMPILE_ONLY_KV_TOKENS // 16 + 1 for arm in built)
+    assert [getattr(arm, "closed", False) for arm in built] == [True, True, False]  # draft failed: nothing to close
+    assert lines[0].startswith("starting 3 arms at once, only to fill the compile cache")
+    assert lines[-1].startswith("compile phase: 2 of 3 arms built side by side and closed in")
+    assert lines[-1].endswith("; draft failed here (its own start follows)")
+
+
+def test_after_the_compile_phase_the_arms_wait_for_the_gpu_to_free_its_memory(monkeypatch):
+    """An arm that profiled its memory while a closed engine still freed its own would size its KV cache from it."""
+    readings = iter([30_000.0, 20_000.0, 9_500.0])
+    monkeypatch.setattr(engines, "gpu_memory_used_mib", lambda: next(readings))
+    monkeypatch.setattr(engines.time, "sleep", lambda s: None)
+    engines._wait_for_memory_back(9_000.0)
+    with pytest.raises(StopIteration):
+        next(readings)  # it read until the memory was back within 1 GiB of before
+    lines: list[str] = []
+    monkeypatch.setattr(engines, "gpu_memory_used_mib", lambda: 30_000.0)
+    engines._wait_for_memory_back(9_000.0, progress=lines.append, timeout_s=0.01)
+    assert lines and "the arms start anyway" in lines[0]
