@@ -62,6 +62,7 @@ class EnginePool:
         #: build the arms once side by side to fill vLLM's compile cache before their own starts
         #: (`engines.compile_at_once`), where those go one after another
         self.compile_first = compile_first
+        self._compiled: list[engines.ArmSpec] = []  # arms the compile phase has built in this session
         self.infos_by_ledger: dict[str, dict[str, Any]] = {}
         self._arms: dict[str, dict[str, Any]] = {}
         self._failed_start: dict[str, BaseException] = {}
@@ -120,8 +121,10 @@ class EnginePool:
                 if specs is None:
                     arms = self.http.open(ledger, model, self.progress)
                 else:
-                    if self.compile_first and engines.wants_compile_phase(specs):
+                    if self.compile_first and engines.wants_compile_phase(specs) \
+                            and not all(spec in self._compiled for spec in specs):
                         engines.compile_at_once(specs, progress=self.progress)
+                        self._compiled += specs  # a later start of the same arms (--ledger-starts) finds it warm
                     started = engines.start_arms(specs, progress=self.progress, failures=failures)
                     arms = {arm.spec.name: arm for arm in started}
                     self._open_specs = (ledger.id, specs)

@@ -784,13 +784,15 @@ def topology_summary(topo: str) -> str | None:
     return ", ".join(links) or None
 
 
-def _query_gpus(field: str) -> str:
-    """``nvidia-smi --query-gpu=FIELD`` (one line a GPU, no header or units); "" without nvidia-smi. nvidia-smi,
-    not torch: it opens no CUDA context in this process."""
+def _query_gpus(field: str, *, ids: str | None = None) -> str:
+    """``nvidia-smi --query-gpu=FIELD`` (one line a GPU, no header or units), of the GPUs ``ids`` names (indices
+    or UUIDs, comma-separated; default all); "" without nvidia-smi. nvidia-smi, not torch: it opens no CUDA
+    context in this process."""
     import subprocess
 
+    which = ["--id=" + ids] if ids else []
     with contextlib.suppress(Exception):
-        return subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits"],
+        return subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits", *which],
                               capture_output=True, text=True, timeout=20).stdout
     return ""
 
@@ -807,8 +809,10 @@ def gpu_memory_gib() -> float | None:
 
 
 def gpu_memory_used_mib() -> float | None:
-    """MiB in use on the GPUs together as nvidia-smi reports it (None without nvidia-smi or a GPU)."""
-    mib = _mib_per_gpu(_query_gpus("memory.used"))
+    """MiB in use on this process's GPUs together (``CUDA_VISIBLE_DEVICES``, else all) as nvidia-smi reports it;
+    None without nvidia-smi or a GPU. Only its own: with one ledger per GPU, the other workers' engines come and
+    go on theirs (scripts/gpu-run numbers the GPUs as nvidia-smi does, CUDA_DEVICE_ORDER=PCI_BUS_ID)."""
+    mib = _mib_per_gpu(_query_gpus("memory.used", ids=os.environ.get("CUDA_VISIBLE_DEVICES") or None))
     return sum(mib) if mib else None
 
 

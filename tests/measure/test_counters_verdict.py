@@ -964,6 +964,28 @@ def test_several_engine_starts_stop_at_the_time_budget(monkeypatch):
     session.close()
 
 
+def test_the_compile_phase_runs_once_before_the_first_of_several_engine_starts(monkeypatch):
+    """--ledger-compile-first with --ledger-starts 3: the arms are built side by side once, before the first start;
+    the later starts find the compile cache warm. Without the option, never."""
+    from specledger.measure import engines
+    from specledger.measure.session import SuiteSession
+
+    starts_of_arms, _ = _fake_starts(monkeypatch)
+    phases: list[list[str]] = []
+    monkeypatch.setattr(engines, "wants_compile_phase", lambda specs: True)  # as on a GPU engine
+    monkeypatch.setattr(engines, "compile_at_once", lambda specs, **_: phases.append([s.name for s in specs]) or 1.0)
+    ledger = _ledger_with_arms()
+    key = (ledger.data["workloads"][0]["name"], 0.0, 2)
+    session = SuiteSession(root=ROOT, record=False, progress=lambda _: None, starts=3, compile_first=True)
+    session.measure(ledger, key)
+    assert len(starts_of_arms) == 3 and phases == [["baseline", "spec"]]
+    session.close()
+    plain = SuiteSession(root=ROOT, record=False, progress=lambda _: None, starts=2)
+    plain.measure(ledger, key)
+    assert phases == [["baseline", "spec"]]
+    plain.close()
+
+
 def test_several_engine_starts_refuse_http_and_need_one_start_at_least():
     from specledger.measure.session import SuiteSession
 

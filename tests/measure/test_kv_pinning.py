@@ -154,3 +154,15 @@ def test_after_the_compile_phase_the_arms_wait_for_the_gpu_to_free_its_memory(mo
     monkeypatch.setattr(engines, "gpu_memory_used_mib", lambda: 30_000.0)
     engines._wait_for_memory_back(9_000.0, progress=lines.append, timeout_s=0.01)
     assert lines and "the arms start anyway" in lines[0]
+
+
+def test_the_memory_wait_reads_only_this_process_gpus(monkeypatch):
+    """With one ledger per GPU, the other workers' engines come and go on theirs: only ours are summed."""
+    asked: list[str | None] = []
+    monkeypatch.setattr(engines, "_query_gpus", lambda field, ids=None: asked.append(ids) or "1000\n500\n")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert engines.gpu_memory_used_mib() == 1500.0 and asked == ["2,3"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert engines.gpu_memory_used_mib() == 1500.0 and asked[-1] is None
+    monkeypatch.setattr(engines, "_query_gpus", lambda field, ids=None: "")  # no nvidia-smi
+    assert engines.gpu_memory_used_mib() is None
