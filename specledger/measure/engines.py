@@ -391,8 +391,10 @@ def compile_at_once(specs: Iterable[ArmSpec], *, progress: Any = None) -> float:
     (2026-12-05 15:30, 47-108 s each, mostly torch.compile), against 125 s with the cache carried in, and the
     cache is lost with each session's CPU machine. What is compiled does not depend on the KV cache's size (vLLM
     leaves ``gpu_memory_utilization``, ``kv_cache_memory_bytes`` and ``num_gpu_blocks_override`` out of its
-    compile hash), so these engines fill the cache side by side, and the arms' own starts, one after another with
-    vLLM's default sizing, then find it warm. An arm that fails here is only reported: its own start says why."""
+    compile hash; on the H200, pinned arms built in 20-34 s from a cache that default-sized starts had filled,
+    reports/evidence/2026-12-02-h200-kv-pinned-starts), so these engines fill the cache side by side, and the arms'
+    own starts, one after another with vLLM's default sizing, then find it warm. An arm that fails here is only
+    reported: its own start says why."""
     specs = list(specs)
     t0 = time.monotonic()
     used_before_mib = gpu_memory_used_mib()
