@@ -420,13 +420,14 @@ def _wait_for_memory_back(used_before_mib: float | None, *, progress: Any = None
     if used_before_mib is None:
         return
     deadline = time.monotonic() + timeout_s
+    used_mib: float | None = None
     while time.monotonic() < deadline:
         used_mib = gpu_memory_used_mib()
         if used_mib is None or used_mib <= used_before_mib + slack_mib:
             return
         time.sleep(1.0)
     if progress:
-        progress(f"compile phase: the GPU still holds {gpu_memory_used_mib()} MiB, {used_before_mib} MiB before it, "
+        progress(f"compile phase: the GPU still holds {used_mib} MiB, {used_before_mib} MiB before it, "
                  f"after {timeout_s:.0f} s; the arms start anyway")
 
 
