@@ -1,10 +1,11 @@
 """Record one CPU point, then verify it on the same machine: the whole v3 path proves itself wherever it runs.
 
-The committed CPU ledgers come from one machine; on another, their speed figures are "not comparable"
-and only acceptance is asserted. This test closes that gap: it records a point here (real engines,
-protocol v3, fingerprint and load in the ledger), then verifies a fresh measurement against it in a
-second pytest run (new engine processes), where the fingerprints match and the multiplier's verdict is
-asserted. A changed verdict on the same machine means the protocol cries wolf.
+The committed CPU ledgers come from one machine; on another, their speed figures are "not comparable",
+and their acceptance, taken from windows before the pass existed, is only shown. This test closes that
+gap: it records a point here (real engines, protocol v3, fingerprint and load in the ledger, acceptance
+from a pass), then verifies a fresh measurement against it in a second pytest run (new engine
+processes), where the fingerprints match and the multiplier's and acceptance's verdicts are asserted.
+A changed verdict on the same machine means the protocol cries wolf.
 """
 
 from __future__ import annotations
