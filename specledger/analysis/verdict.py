@@ -110,6 +110,24 @@ def _repeats(point: Mapping[str, Any], arm: str | None) -> list[float] | None:
     return [float(v) for v in values] if values and len(values) >= 2 else None
 
 
+# What a verdict between the windows of one start on each side cannot see. The figure is the H200 Qwen ledger's pooled
+# between-start spread of ngram's multiplier (log sd 0.1195, 10 df); on the H100, copy:0:1 moved 12.8% between two
+# leases with the same baseline (reports/evidence/2026-12-06-h100-qwen-bf16-visit3).
+ONE_START_EACH = ("speed: one engine start on each side and no between-start spread in the ledger, so each interval "
+                  "covers the windows of one host state; a new start can move a multiplier by more (12% in logs "
+                  "for ngram on the lent H200), so 'changed' may be the host: give the committed points a second "
+                  "start (--ledger-add-start) to judge against the spread")
+
+
+def one_start_each(ledger: Ledger, arm: str, committed: Mapping[str, Any], measured: Mapping[str, Any]) -> bool:
+    """Whether speed is judged by the windows of a single engine start on each side, with no spread pooled over
+    starts: then the verdict's interval leaves out the between-start spread, the largest noise a GPU lease shows."""
+    n_f = len(set(figures.engine_starts(measured["arms"].get(arm))))
+    n_c = len(set(figures.engine_starts(committed["arms"].get(arm))))
+    return (max(n_f, n_c) < 2 and figures.start_spread(ledger.data, arm, "multiplier") is None
+            and figures.start_spread(ledger.data, arm, "output_tokens_per_s") is None)
+
+
 def _replicated_verdicts(ledger: Ledger, arm: str, base: str | None, committed: Mapping[str, Any],
                          measured: Mapping[str, Any]) -> list[FigureVerdict] | None:
     """The verdicts over engine starts, where one side has two or more or the ledger pools a between-start spread
@@ -123,13 +141,13 @@ def _replicated_verdicts(ledger: Ledger, arm: str, base: str | None, committed: 
     mine_f, mine_c = _repeats(measured, arm), _repeats(committed, arm)
     if not mine_f or not mine_c:
         return None
+    if one_start_each(ledger, arm, committed, measured):
+        return None
     starts_f = figures.engine_starts(measured["arms"].get(arm))
     starts_c = figures.engine_starts(committed["arms"].get(arm))
     n_f, n_c = len(set(starts_f)), len(set(starts_c))
     spread_m = figures.start_spread(ledger.data, arm, "multiplier")
     spread_t = figures.start_spread(ledger.data, arm, "output_tokens_per_s")
-    if max(n_f, n_c) < 2 and spread_m is None and spread_t is None:
-        return None
 
     def estimate(per_start: list[float], values: list[float], base_values: list[float] | None,
                  spread: stats.StartSpread | None) -> stats.Estimate:
@@ -199,6 +217,8 @@ def compare_point(ledger: Ledger, arm: str, committed: Mapping[str, Any], measur
                           + (f"; {not_comparable}" if not_comparable else ""))
     result.not_comparable = not_comparable
     result.figures = speed_verdicts(ledger, arm, committed, measured)
+    if result.figures and one_start_each(ledger, arm, committed, measured):
+        result.notes.append(ONE_START_EACH)
     c_acc, m_acc = c_arm.get("acceptance") or {}, m_arm.get("acceptance") or {}
     if c_acc.get("acceptance_length") is not None:
         absl = float(tol["acceptance_length_abs"])

@@ -560,6 +560,16 @@ def test_quiet_v3_ledger_is_consistent_and_resolves_its_tolerance(small):
     (found,) = [f for f in findings if f.code == "resolution"]
     assert (found.severity, found.json_path) == ("info", "$.arms[2]")
     assert "at the median of 3 v3 points" in found.message and "12 fresh repeats" in found.message
+    assert found.message.endswith("against a tolerance of ±15% (windows of one engine start: no point has two, so "
+                                  "the spread between starts is not in these widths; --ledger-add-start measures "
+                                  "it): resolvable at every point")
+
+
+def test_the_resolution_of_a_ledger_that_pools_a_start_spread_does_not_say_one_start(small):
+    data = _v3(small, 0.02)
+    data["start_spread"] = {"eagle": {"multiplier": {"log_sd": 0.05, "df": 4, "points": 2}}}
+    (found,) = [f for f in v3_audit(data) if f.code == "resolution"]
+    assert "one engine start" not in found.message
     assert found.message.endswith("against a tolerance of ±15%: resolvable at every point")
 
 

@@ -399,6 +399,22 @@ def test_noise_that_cannot_settle_the_band_is_inconclusive_with_the_repeats_it_n
     assert result.repeats_needed is None or result.repeats_needed > 6
 
 
+def test_one_start_on_each_side_says_its_interval_leaves_out_the_between_start_spread():
+    """The windows of one start are one host state: on a GPU lease a new start moves more than they show."""
+    one_each = _verify([80, 84, 78, 82, 81, 79], [121, 125, 116, 124, 120, 119])
+    assert verdict.ONE_START_EACH in one_each.notes
+    assert one_each.figure("multiplier").verdict.unit == "repeats"
+    ledger = _ledger_with_arms()
+    ledger.data["tolerances"] = {"multiplier_rel": 0.1, "acceptance_length_abs": 0.2, "output_tokens_per_s_rel": 0.5}
+    committed = _v3_point([100, 104, 96, 102, 98, 101], [150, 156, 144, 153, 147, 151])
+    for arm_result in committed["arms"].values():
+        arm_result["window"]["start"] = [0, 0, 0, 1, 1, 1]  # two engine starts committed
+    two_starts = verdict.compare_point(ledger, "spec", committed, _v3_point([80, 84, 78, 82, 81, 79],
+                                                                              [121, 125, 116, 124, 120, 119]))
+    assert verdict.ONE_START_EACH not in two_starts.notes
+    assert two_starts.figure("multiplier").verdict.unit == "engine starts"
+
+
 def test_another_machine_shows_speed_but_still_asserts_acceptance():
     result = _verify([100, 104, 96, 102, 98, 101], [120, 124, 115, 122, 118, 121], not_comparable="another CPU")
     assert result.outcome == "not comparable" and result.ok

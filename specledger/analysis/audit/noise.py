@@ -11,7 +11,7 @@ from typing import Any
 from specledger import stats
 from specledger.analysis import theory
 from specledger.analysis.audit.base import Auditor, where
-from specledger.ledger.figures import is_v3
+from specledger.ledger.figures import is_v3, start_spread
 
 
 def _pct_up(share: float) -> int:
@@ -136,10 +136,14 @@ def check_resolution(a: Auditor) -> None:
         h_median = statistics.median(row[0] for row in rows)
         p_median = statistics.median(row[1] for row in rows)
         h_worst, p_worst, n_worst, _, worst = max(rows, key=lambda row: row[1])
+        # windows of one start each: a new start's host state is not in these widths (verdict.ONE_START_EACH)
+        one_start = ("" if start_spread(a.ledger.data, arm["name"], "multiplier") is not None else
+                     " (windows of one engine start: no point has two, so the spread between starts is not in "
+                     "these widths; --ledger-add-start measures it)")
         message = (f"committed multiplier 95% CI half-width ±{h_median:.1%} at the median of {len(rows)} v3 "
                    f"points, ±{h_worst:.1%} at the worst ({where(worst)}; {n_worst} repeats); a verification "
                    f"with {fresh} fresh repeats predicts the change known to ±{p_median:.1%} (median point) "
-                   f"and ±{p_worst:.1%} (worst), against a tolerance of ±{tol:.0%}: ")
+                   f"and ±{p_worst:.1%} (worst), against a tolerance of ±{tol:.0%}{one_start}: ")
         if ok == len(rows):
             a.add(["arms", i], "resolution", message + "resolvable at every point", "info")
             continue
