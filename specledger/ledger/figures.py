@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 #: What a bar drawn from a v3 point's stored multiplier_ci95 is (the plots' legend, and how they know one).
-CI_BAR = "95% CI (paired bootstrap)"
+CI_BAR = "95% CI (paired bootstrap over the windows of one engine start)"
 #: The same bar once the ledger pools the arm's between-start spread (replication.pool_start_intervals).
 CI_BAR_OVER_STARTS = "95% CI over engine starts (t, between-start spread pooled over the points)"
 

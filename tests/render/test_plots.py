@@ -14,7 +14,7 @@ from repo_paths import SMALL as SMALL_PATH
 
 from specledger.analysis import theory
 from specledger.cli import main
-from specledger.ledger import Ledger, load_ledger, parse_ledger
+from specledger.ledger import Ledger, figures, load_ledger, parse_ledger
 from specledger.render.plots import (
     NothingToPlot,
     acceptance_figure,
@@ -146,7 +146,8 @@ def test_v3_bars_are_the_multipliers_95ci_and_the_legend_brackets_the_crossing()
     win, loss = theory.loss_bracket(cs, [lows[c] for c in cs], [highs[c] for c in cs])
     assert f"with the CIs between {win} and {loss}" in label
     assert ">= 1.0 again at c=" in label
-    assert "bars: 95% CI (paired bootstrap)" in (ngram.get_legend().get_title().get_text())
+    assert figures.CI_BAR == "95% CI (paired bootstrap over the windows of one engine start)"
+    assert f"bars: {figures.CI_BAR}" in ngram.get_legend().get_title().get_text()
 
 
 def test_throughput_panels_and_arms():
