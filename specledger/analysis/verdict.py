@@ -217,8 +217,8 @@ def compare_point(ledger: Ledger, arm: str, committed: Mapping[str, Any], measur
                           + (f"; {not_comparable}" if not_comparable else ""))
     result.not_comparable = not_comparable
     result.figures = speed_verdicts(ledger, arm, committed, measured)
-    if result.figures and one_start_each(ledger, arm, committed, measured):
-        result.notes.append(ONE_START_EACH)
+    if result.figures and not_comparable is None and one_start_each(ledger, arm, committed, measured):
+        result.notes.append(ONE_START_EACH)  # where speed is only shown, its interval decides nothing
     c_acc, m_acc = c_arm.get("acceptance") or {}, m_arm.get("acceptance") or {}
     if c_acc.get("acceptance_length") is not None:
         absl = float(tol["acceptance_length_abs"])

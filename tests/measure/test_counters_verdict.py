@@ -404,6 +404,8 @@ def test_one_start_on_each_side_says_its_interval_leaves_out_the_between_start_s
     one_each = _verify([80, 84, 78, 82, 81, 79], [121, 125, 116, 124, 120, 119])
     assert verdict.ONE_START_EACH in one_each.notes
     assert one_each.figure("multiplier").verdict.unit == "repeats"
+    shown_only = _verify([80, 84, 78, 82, 81, 79], [121, 125, 116, 124, 120, 119], not_comparable="another CPU")
+    assert verdict.ONE_START_EACH not in shown_only.notes
     ledger = _ledger_with_arms()
     ledger.data["tolerances"] = {"multiplier_rel": 0.1, "acceptance_length_abs": 0.2, "output_tokens_per_s_rel": 0.5}
     committed = _v3_point([100, 104, 96, 102, 98, 101], [150, 156, 144, 153, 147, 151])
