@@ -119,15 +119,6 @@ ONE_START_EACH = ("speed: one engine start on each side and no between-start spr
                   "start (--ledger-add-start) to judge against the spread")
 
 
-def one_start_each(ledger: Ledger, arm: str, committed: Mapping[str, Any], measured: Mapping[str, Any]) -> bool:
-    """Whether speed is judged by the windows of a single engine start on each side, with no spread pooled over
-    starts: then the verdict's interval leaves out the between-start spread, the largest noise a GPU lease shows."""
-    n_f = len(set(figures.engine_starts(measured["arms"].get(arm))))
-    n_c = len(set(figures.engine_starts(committed["arms"].get(arm))))
-    return (max(n_f, n_c) < 2 and figures.start_spread(ledger.data, arm, "multiplier") is None
-            and figures.start_spread(ledger.data, arm, "output_tokens_per_s") is None)
-
-
 def _replicated_verdicts(ledger: Ledger, arm: str, base: str | None, committed: Mapping[str, Any],
                          measured: Mapping[str, Any]) -> list[FigureVerdict] | None:
     """The verdicts over engine starts, where one side has two or more or the ledger pools a between-start spread
@@ -141,13 +132,13 @@ def _replicated_verdicts(ledger: Ledger, arm: str, base: str | None, committed: 
     mine_f, mine_c = _repeats(measured, arm), _repeats(committed, arm)
     if not mine_f or not mine_c:
         return None
-    if one_start_each(ledger, arm, committed, measured):
-        return None
     starts_f = figures.engine_starts(measured["arms"].get(arm))
     starts_c = figures.engine_starts(committed["arms"].get(arm))
     n_f, n_c = len(set(starts_f)), len(set(starts_c))
     spread_m = figures.start_spread(ledger.data, arm, "multiplier")
     spread_t = figures.start_spread(ledger.data, arm, "output_tokens_per_s")
+    if max(n_f, n_c) < 2 and spread_m is None and spread_t is None:
+        return None
 
     def estimate(per_start: list[float], values: list[float], base_values: list[float] | None,
                  spread: stats.StartSpread | None) -> stats.Estimate:
@@ -217,8 +208,10 @@ def compare_point(ledger: Ledger, arm: str, committed: Mapping[str, Any], measur
                           + (f"; {not_comparable}" if not_comparable else ""))
     result.not_comparable = not_comparable
     result.figures = speed_verdicts(ledger, arm, committed, measured)
-    if result.figures and not_comparable is None and one_start_each(ledger, arm, committed, measured):
-        result.notes.append(ONE_START_EACH)  # where speed is only shown, its interval decides nothing
+    # the verdicts counted repeats, not engine starts: the windows of one start each (where speed is only shown,
+    # its interval decides nothing)
+    if result.figures and not_comparable is None and all(f.verdict.unit == "repeats" for f in result.figures):
+        result.notes.append(ONE_START_EACH)
     c_acc, m_acc = c_arm.get("acceptance") or {}, m_arm.get("acceptance") or {}
     if c_acc.get("acceptance_length") is not None:
         absl = float(tol["acceptance_length_abs"])
