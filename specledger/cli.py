@@ -154,9 +154,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return EXIT_PROBLEMS if counts["error"] or load_problems else EXIT_OK
 
 
-@command("show", "print the points and critical-concurrency tables", _paths_argument)
+@command("show", "print the points and critical-concurrency tables, and each engine start's figures with its host "
+         "state where a point was measured in several", _paths_argument)
 def cmd_show(args: argparse.Namespace) -> int:
-    from specledger.render.tables import critical_table, format_table, points_table
+    from specledger.render.tables import critical_table, format_table, points_table, starts_table
 
     ledgers, invalid = _load_valid_ledgers(args.paths)
     print("Points")
@@ -164,6 +165,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     print()
     print("Critical concurrency (multiplier first below 1.0)")
     print(format_table(critical_table(ledgers)))
+    starts = starts_table(ledgers)
+    if not starts.empty:
+        print()
+        print("Engine starts (points measured in two or more; host slice: median ms of a fixed Python loop "
+              "around the windows)")
+        print(format_table(starts))
     return EXIT_PROBLEMS if invalid else EXIT_OK
 
 

@@ -174,12 +174,19 @@ def _crossing_gid(arm: str, workload: str, temperature: float | None) -> str:
     return f"crossing|{arm}|{workload}|{temperature_label(temperature)}"
 
 
-def _legend_title(bar_kinds: set[str], crossed: bool) -> str | None:
-    """Say what the bars and X markers are, only when the panel has them."""
+def _starts_gid(arm: str, workload: str, temperature: float | None, concurrency: int) -> str:
+    """The gid of a point's per-start markers, so tests and tools can find them among the Axes' artists."""
+    return f"starts|{arm}|{workload}|{temperature_label(temperature)}|{concurrency}"
+
+
+def _legend_title(bar_kinds: set[str], crossed: bool, starts: bool = False) -> str | None:
+    """Say what the bars, X markers and hollow start markers are, only when the panel has them."""
     parts = [f"bars: {kind}" for kind in sorted(bar_kinds)]
     if crossed:
         parts.append("X on 1.0: interpolated crossing (log2 c)")
-    return ";  ".join(parts) or None
+    if starts:
+        parts.append("o: each engine start's multiplier")
+    return "\n".join(parts) or None  # one line each: side by side they outgrow a panel
 
 
 def _span(values: list[float]) -> str:
@@ -222,7 +229,8 @@ def multiplier_figure(ledger: Ledger) -> Figure:
     lines stay at the true concurrency. The 1.0 line is break-even; a cross marker
     on it sits at `theory.critical_concurrency`'s interpolated crossing (gid
     `crossing|<arm>|<workload>|<T>`), and the legend says "does not cross" / "below from c=..."
-    when there is no crossing. Points without a concurrency (some published figures) are skipped.
+    when there is no crossing. Where a point has two or more engine starts, hollow markers at its bar show each
+    start's multiplier (gid `starts|<arm>|<workload>|<T>|<c>`): an interval over starts is that wide because of them. Points without a concurrency (some published figures) are skipped.
     """
     table = points_table([ledger])
     table = table[table["concurrency"].notna() & table["multiplier"].notna()]
@@ -244,6 +252,7 @@ def multiplier_figure(ledger: Ledger) -> Figure:
         base = ledger.baseline_arm_for(arm)
         bar_kinds: set[str] = set()
         crossed = False
+        starts_shown = False
         ax.axhline(1.0, color="black", linewidth=1.0, zorder=1)
         groups = list(table[table["arm"] == arm].groupby(["workload", "temperature"], dropna=False, sort=False))
         for line_index, ((workload, temperature), group) in enumerate(groups):
@@ -282,6 +291,15 @@ def multiplier_figure(ledger: Ledger) -> Figure:
                     ax.vlines(c * nudge, low, high, color=color, alpha=0.5, linewidth=2.5, zorder=2)
                     top = max(top, high * 1.05)
                     bar_kinds.add(what)
+                point = ledger.find_point(workload, temperature, c)
+                per_start = (figures.per_start_figures(ledger, point, arm).get("multiplier", [])
+                             if point is not None and figures.is_v3(point) else [])
+                if len(per_start) >= 2:  # the starts an interval over starts is taken from: which lease drew it
+                    ax.plot([c * nudge] * len(per_start), per_start, linestyle="none", marker="o", markersize=4,
+                            markerfacecolor="none", markeredgecolor=color, zorder=4,
+                            gid=_starts_gid(arm, workload, temperature, c))
+                    top = max(top, max(per_start) * 1.05)
+                    starts_shown = True
             if row is not None and row["kind"] == "crosses":
                 crossed = True
                 ax.plot(
@@ -308,7 +326,7 @@ def multiplier_figure(ledger: Ledger) -> Figure:
             fontsize=8,
             frameon=False,
             title_fontsize=8,
-            title=_legend_title(bar_kinds, crossed),
+            title=_legend_title(bar_kinds, crossed, starts_shown),
         )
     axes[0].set_ylabel("multiplier (spec / baseline output tokens/s)")
     fig.suptitle(figure_title(ledger, "speculative multiplier vs concurrency", _title_width(fig)), fontsize=10)

@@ -17,8 +17,8 @@ import pandas as pd
 from specledger.analysis import theory
 from specledger.ledger import Ledger, figures
 
-__all__ = ["CRITICAL_COLUMNS", "DRAFTER_CONFIG_KEYS", "POINTS_COLUMNS", "config_differences", "critical_table",
-           "format_table", "points_table", "verdict_table"]
+__all__ = ["CRITICAL_COLUMNS", "DRAFTER_CONFIG_KEYS", "POINTS_COLUMNS", "STARTS_COLUMNS", "config_differences",
+           "critical_table", "format_table", "points_table", "starts_table", "verdict_table"]
 
 POINTS_COLUMNS = [
     "ledger",
@@ -54,6 +54,21 @@ CRITICAL_COLUMNS = [
     "loss_bracket_ci95",
     "wins_after_loss_ci95",
     "critical_ci95",
+]
+
+STARTS_COLUMNS = [
+    "ledger",
+    "arm",
+    "workload",
+    "temperature",
+    "concurrency",
+    "start",
+    "windows",
+    "output_tokens_per_s",
+    "multiplier",
+    "multiplier_vs_matched",
+    "host_slice_ms",
+    "cpu_steal_share",
 ]
 
 _NAN = math.nan
@@ -118,6 +133,51 @@ def points_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
         if c not in ("concurrency", "multiplier_range", "multiplier_ci95", "multiplier_vs_matched_ci95")
     ]
     return df.astype({c: float for c in float_columns})
+
+
+def _window_medians(result: Mapping[str, Any], key: str, starts: Sequence[int], statistic: str) -> list[float]:
+    """``statistic`` ("median" or "mean") of a per-window telemetry list for each engine start, in start order; NaN
+    where the point did not record it (ledgers before 2026-12-03 have no host slice)."""
+    values = (result.get("window") or {}).get(key)
+    order = list(dict.fromkeys(starts))
+    if not values or len(values) != len(starts):
+        return [_NAN] * len(order)
+    grouped = pd.Series([_number(v) for v in values]).groupby(list(starts), sort=False)
+    by_start = grouped.median() if statistic == "median" else grouped.mean()
+    return [float(by_start[s]) for s in order]
+
+
+def starts_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
+    """One row per (ledger, arm, point measured in two or more engine starts, start), in start order: that start's
+    mean output tokens/s and multipliers beside the host state its windows saw (median host slice, mean CPU steal).
+
+    Why: ``start_spread`` says how far a ledger's starts disagree, not which start or why. On the H100 Qwen ledger
+    a second lease ran the host slice at 26 ms where the first ran it at 11, and its c=64 baseline fell 62%: a
+    reader of a wide interval needs to see that beside the figures (``figures.per_start_figures`` makes them)."""
+    rows: list[dict[str, Any]] = []
+    for ledger in ledgers:
+        for point in ledger.points:
+            if not figures.is_v3(point):
+                continue
+            for name, result in point["arms"].items():
+                starts = figures.engine_starts(result)
+                order = list(dict.fromkeys(starts))
+                if len(order) < 2:
+                    continue
+                per_start = figures.per_start_figures(ledger, point, name)
+                host = _window_medians(result, "host_slice_ms", starts, "median")
+                steal = _window_medians(result, "cpu_steal_share", starts, "mean")
+                for i, start in enumerate(order):
+                    rows.append({
+                        "ledger": ledger.id, "arm": name, "workload": point["workload"],
+                        "temperature": _number(point["temperature"]), "concurrency": point["concurrency"],
+                        "start": start, "windows": starts.count(start),
+                        **{f: (per_start[f][i] if f in per_start else _NAN)
+                           for f in ("output_tokens_per_s", "multiplier", "multiplier_vs_matched")},
+                        "host_slice_ms": host[i], "cpu_steal_share": steal[i],
+                    })
+    df = pd.DataFrame(rows, columns=STARTS_COLUMNS)
+    return df.astype({"concurrency": "Int64", "start": "Int64", "windows": "Int64"})
 
 
 def critical_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:

@@ -203,3 +203,26 @@ def test_ledger_is_not_mutated():
     multiplier_figure(SMALL)
     assert json.dumps(SMALL.data) == before
     assert isinstance(SMALL, Ledger)
+
+
+def test_each_engine_start_of_a_point_is_drawn_at_its_bar():
+    """A point of two starts shows both starts' multipliers (from the windows of each), and the legend says so;
+    a ledger of one start each draws none."""
+    h100 = load_ledger(ROOT / "ledgers" / "h100-qwen2.5-coder-1.5b.json")
+    fig = multiplier_figure(h100)
+    drawn = {line.get_gid(): sorted(float(y) for y in line.get_ydata())
+             for ax in fig.axes for line in ax.get_lines() if (line.get_gid() or "").startswith("starts|")}
+    for point in h100.points:
+        for arm in ("ngram", "draft-0.5b"):
+            result, base = point["arms"][arm], point["arms"]["baseline"]
+            starts = result["window"]["start"]
+            expected = []
+            for start in sorted(set(starts)):
+                mine = [i for i, s in enumerate(starts) if s == start]
+                expected.append(sum(result["output_tokens_per_s"]["repeats"][i] for i in mine)
+                                / sum(base["output_tokens_per_s"]["repeats"][i] for i in mine))
+            gid = f"starts|{arm}|{point['workload']}|0|{point['concurrency']}"
+            assert drawn[gid] == pytest.approx(sorted(expected))
+    assert "o: each engine start's multiplier" in fig.axes[0].get_legend().get_title().get_text()
+    one_start = multiplier_figure(load_ledger(ROOT / "ledgers" / "h200-smollm2-copy.json"))
+    assert not any((line.get_gid() or "").startswith("starts|") for ax in one_start.axes for line in ax.get_lines())

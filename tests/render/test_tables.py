@@ -11,7 +11,15 @@ from repo_paths import ROOT
 from repo_paths import SMALL as SMALL_PATH
 
 from specledger.ledger import load_ledger, parse_ledger
-from specledger.render.tables import CRITICAL_COLUMNS, POINTS_COLUMNS, critical_table, format_table, points_table
+from specledger.render.tables import (
+    CRITICAL_COLUMNS,
+    POINTS_COLUMNS,
+    STARTS_COLUMNS,
+    critical_table,
+    format_table,
+    points_table,
+    starts_table,
+)
 
 SMALL = load_ledger(SMALL_PATH)
 REFERENCE = [load_ledger(p) for p in sorted((ROOT / "ledgers").glob("reference-*.json"))]
@@ -140,3 +148,34 @@ def test_critical_table_says_where_a_dip_recovers():
     assert row["above_again_at"] == (16,) and row["wins_after_loss_ci95"] == (16,)
     assert row["critical_concurrency"].endswith("(between 1 and 4); at or above 1.0 again at c=16")
     assert row["critical_ci95"] == "between c=1 and c=4; wholly above 1 again at c=16"
+
+
+def test_starts_table_gives_each_start_its_own_figures_and_host_state():
+    """Each start's row is that start's windows only: its mean, its paired ratio of means, its median host slice."""
+    ledger = load_ledger(ROOT / "ledgers" / "h100-qwen2.5-coder-1.5b.json")
+    df = starts_table([ledger])
+    assert list(df.columns) == STARTS_COLUMNS
+    point = next(p for p in ledger.points if (p["workload"], p["concurrency"]) == ("copy", 64))
+    rows = df[(df.workload == "copy") & (df.concurrency == 64)]
+    assert set(rows.arm) == set(point["arms"])
+    for arm in ("baseline", "ngram"):
+        result, base = point["arms"][arm], point["arms"]["baseline"]
+        starts = result["window"]["start"]
+        for start in sorted(set(starts)):
+            mine = [i for i, s in enumerate(starts) if s == start]
+            row = rows[(rows.arm == arm) & (rows.start == start)].iloc[0]
+            spec = sum(result["output_tokens_per_s"]["repeats"][i] for i in mine) / len(mine)
+            baseline = sum(base["output_tokens_per_s"]["repeats"][i] for i in mine) / len(mine)
+            assert row.windows == len(mine)
+            assert row.output_tokens_per_s == pytest.approx(spec)
+            host = sorted(result["window"]["host_slice_ms"][i] for i in mine)
+            assert row.host_slice_ms == pytest.approx(pd.Series(host).median())
+            if arm == "baseline":
+                assert math.isnan(row.multiplier)
+            else:
+                assert row.multiplier == pytest.approx(spec / baseline)
+
+
+def test_starts_table_is_empty_where_no_point_has_two_starts():
+    assert starts_table([SMALL]).empty
+    assert list(starts_table([SMALL]).columns) == STARTS_COLUMNS
