@@ -230,7 +230,8 @@ def multiplier_figure(ledger: Ledger) -> Figure:
     on it sits at `theory.critical_concurrency`'s interpolated crossing (gid
     `crossing|<arm>|<workload>|<T>`), and the legend says "does not cross" / "below from c=..."
     when there is no crossing. Where a point has two or more engine starts, hollow markers at its bar show each
-    start's multiplier (gid `starts|<arm>|<workload>|<T>|<c>`): an interval over starts is that wide because of them. Points without a concurrency (some published figures) are skipped.
+    start's multiplier (gid `starts|<arm>|<workload>|<T>|<c>`): an interval over starts is that wide because of
+    them. Points without a concurrency (some published figures) are skipped.
     """
     table = points_table([ledger])
     table = table[table["concurrency"].notna() & table["multiplier"].notna()]
