@@ -2,8 +2,8 @@
 
 The report is for readers who will never open the JSON, so it states the conditions a number
 depends on (engine, accelerator, each arm's drafter config, KV-cache capacity and how the arms'
-effective engine configs differ) next to the numbers. Tables come from `tables.points_table` /
-`tables.critical_table`, plots from `plots.write_plots`; nothing is recomputed here. The table
+effective engine configs differ) next to the numbers. Tables come from `tables.points_table`,
+`tables.critical_table` and `tables.starts_table`, plots from `plots.write_plots`; nothing is recomputed here. The table
 formatter is our own (pandas' `to_markdown` needs tabulate, which is not a dependency). No vLLM.
 """
 
@@ -22,7 +22,13 @@ from specledger import __version__
 from specledger.ledger import Ledger
 from specledger.ledger.model import protocol_over_defaults
 from specledger.render.plots import PLOT_KINDS, NothingToPlot, plot_path, temperature_label, write_plots
-from specledger.render.tables import DRAFTER_CONFIG_KEYS, config_differences, critical_table, points_table
+from specledger.render.tables import (
+    DRAFTER_CONFIG_KEYS,
+    config_differences,
+    critical_table,
+    points_table,
+    starts_table,
+)
 
 __all__ = [
     "effective_config_differences",
@@ -275,6 +281,35 @@ def _critical(ledger: Ledger) -> str:
          "where the curve is back above 1.0.")
 
 
+def _starts(ledger: Ledger) -> str | None:
+    """Each engine start of the points measured in several, beside its host state; None where there is none."""
+    df = starts_table([ledger])
+    if df.empty:
+        return None
+    rows = [
+        [
+            row["arm"],
+            row["workload"],
+            temperature_label(row["temperature"]),
+            int(row["concurrency"]),
+            int(row["start"]),
+            int(row["windows"]),
+            _fmt(row["output_tokens_per_s"], ",.0f"),
+            _multiplier(row["multiplier"]),
+            _multiplier(row["multiplier_vs_matched"]),
+            _fmt(row["host_slice_ms"], ".1f"),
+            _fmt(row["cpu_steal_share"], ".1%"),
+        ]
+        for _, row in df.iterrows()
+    ]
+    headers = ["arm", "workload", "T", "c", "start", "windows", "mean tok/s", "multiplier", "vs matched",
+               "host slice ms", "CPU steal"]
+    return markdown_table(headers, rows, right=[False, False] + [True] * 9) + (
+        "\n\nEach start's own figures: mean tok/s over its windows, multiplier as the ratio of its paired means. "
+        "The point's multiplier is their geometric mean. Host slice: median time of a fixed Python loop around the "
+        "start's windows (a host-bound engine slows with it); CPU steal: mean share over its windows.")
+
+
 def _plots(ledger: Ledger, plots_dir: Path, report_dir: Path) -> list[str]:
     skipped: list[str] = []
     try:
@@ -300,6 +335,8 @@ def ledger_section(ledger: Ledger, plots_dir: Path, report_dir: Path) -> str:
     parts += ["#### Effective-config differences", "", *_differences(ledger), ""]
     parts += ["### Points", "", _points(ledger), ""]
     parts += ["### Critical concurrency", "", _critical(ledger), ""]
+    if (starts := _starts(ledger)) is not None:
+        parts += ["### Engine starts", "", starts, ""]
     if ledger.data.get("notes"):
         parts += ["### Notes", "", *(f"- {note}" for note in ledger.data["notes"]), ""]
     parts += ["### Plots", "", *_plots(ledger, plots_dir, report_dir), ""]

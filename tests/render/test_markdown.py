@@ -132,3 +132,16 @@ def test_a_v3_ledger_reports_its_repeat_range_and_every_ci(tmp_path):
     assert "c = 1, 4, 16; 6 to 10 paired repeats of steady-state windows (protocol v3) per point" in text
     assert "| eagle | copy | 0 | 1 | 100 | 180 | 1.80x (1.61..2.02) | 1.90x (1.70..2.10) | 2.50 | 0.375 | 3% |" in text
     assert "| eagle | copy | 0 | 4 |" in text and "(1.61..2.02)" not in text.split("| eagle | copy | 0 | 4 |")[1]
+
+
+def test_a_ledger_of_several_starts_reports_each_start_beside_its_host(tmp_path):
+    """The report shows which start made a wide interval: the H100 ledger's second lease ran the host loop at about
+    twice the time, and its row says so; a ledger of one start each has no such section."""
+    h100 = load_ledger(ROOT / "ledgers" / "h100-qwen2.5-coder-1.5b.json")
+    text = write_report([h100], tmp_path / "h100.md").read_text()
+    section = text.split("### Engine starts")[1].split("\n### ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ngram | copy | 0 | 8 |")]
+    assert len(rows) == 2
+    host = [float(row.split("|")[10]) for row in rows]
+    assert host[1] > 1.5 * host[0]
+    assert "### Engine starts" not in write_report([H200], tmp_path / "h200.md").read_text()
