@@ -429,6 +429,20 @@ def predicted_change_half_width(committed_half_width_rel: float, n_committed: in
     return math.sqrt(h * h + h * h * n_committed / n_fresh)
 
 
+def predicted_replicated_change(spread: StartSpread, n_fresh: int, n_committed: int,
+                                confidence: float = 0.95) -> Estimate:
+    """The change interval that ``replicated_change`` would give an unchanged machine: ``n_fresh`` fresh engine
+    starts against ``n_committed`` committed ones, the fresh starts as spread as the ledger's pooled ``spread``.
+
+    Why: with a between-start spread, windows no longer set the width; starts do, on both sides, and the committed
+    starts' share never shrinks with fresh ones. Centre 0; the interval is exp(±t·sd·sqrt(1/f + 1/c)) - 1."""
+    if n_fresh < 1 or n_committed < 1:
+        raise ValueError(f"start counts must be >= 1, got {n_fresh!r} fresh and {n_committed!r} committed")
+    low, high = _t_interval(0.0, spread.log_sd * math.sqrt(1 / n_fresh + 1 / n_committed),
+                            spread.df + n_fresh - 1, confidence)
+    return Estimate(0.0, float(np.exp(low) - 1), float(np.exp(high) - 1), n_fresh, confidence)
+
+
 def resolvable(committed_half_width_rel: float, n_committed: int, max_repeats: int, tolerance: float) -> bool:
     """Whether a verification with `max_repeats` fresh repeats could show an unchanged multiplier holds."""
     return predicted_change_half_width(committed_half_width_rel, n_committed, max_repeats) < tolerance

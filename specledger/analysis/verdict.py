@@ -146,23 +146,33 @@ def _replicated_verdicts(ledger: Ledger, arm: str, base: str | None, committed: 
             return stats.replicated_estimate(per_start, spread=spread)
         return stats.multiplier_estimate(values, base_values) if base_values else stats.mean_estimate(values)
 
+    def committed_part(per_start: list[float], committed: stats.Estimate, spread: stats.StartSpread | None
+                       ) -> float | None:
+        """The committed starts' share of the change's width, which fresh starts do not shrink; None where the
+        committed side is one start's windows (their width is not a between-start one)."""
+        return committed.half_width_rel if len(per_start) >= 2 or spread is not None else None
+
     out: list[FigureVerdict] = []
     base_f, base_c = _repeats(measured, base), _repeats(committed, base)
     if base_f and base_c and len(mine_f) == len(base_f) and len(mine_c) == len(base_c) \
             and (spread_m is not None or max(n_f, n_c) >= 2):
         per_f = stats.start_multipliers(mine_f, base_f, starts_f)
         per_c = stats.start_multipliers(mine_c, base_c, starts_c)
-        out.append(FigureVerdict("multiplier", estimate(per_f, mine_f, base_f, spread_m),
-                                 estimate(per_c, mine_c, base_c, spread_m),
+        committed_m = estimate(per_c, mine_c, base_c, spread_m)
+        out.append(FigureVerdict("multiplier", estimate(per_f, mine_f, base_f, spread_m), committed_m,
                                  stats.verdict(stats.replicated_change(per_f, per_c, spread=spread_m),
-                                               float(tol["multiplier_rel"]), n_fresh=n_f, unit="engine starts")))
+                                               float(tol["multiplier_rel"]), n_fresh=n_f, unit="engine starts",
+                                               committed_half_width_rel=committed_part(per_c, committed_m,
+                                                                                       spread_m))))
     if spread_t is not None or max(n_f, n_c) >= 2:
         per_f, per_c = stats.start_means(mine_f, starts_f), stats.start_means(mine_c, starts_c)
-        out.append(FigureVerdict(f"{arm} output tokens/s", estimate(per_f, mine_f, None, spread_t),
-                                 estimate(per_c, mine_c, None, spread_t),
+        committed_t = estimate(per_c, mine_c, None, spread_t)
+        out.append(FigureVerdict(f"{arm} output tokens/s", estimate(per_f, mine_f, None, spread_t), committed_t,
                                  stats.verdict(stats.replicated_change(per_f, per_c, spread=spread_t),
                                                float(tol["output_tokens_per_s_rel"]), n_fresh=n_f,
-                                               unit="engine starts")))
+                                               unit="engine starts",
+                                               committed_half_width_rel=committed_part(per_c, committed_t,
+                                                                                       spread_t))))
     return out
 
 

@@ -565,12 +565,27 @@ def test_quiet_v3_ledger_is_consistent_and_resolves_its_tolerance(small):
                                   "it): resolvable at every point")
 
 
-def test_the_resolution_of_a_ledger_that_pools_a_start_spread_does_not_say_one_start(small):
+def test_the_resolution_of_a_ledger_that_pools_a_start_spread_counts_starts_not_windows(small):
+    """With a pooled between-start spread, verdicts count engine starts: the finding predicts one fresh start
+    against the committed one, worked here by hand (t with df + 0 degrees of freedom, sd * sqrt(1/1 + 1/1)), then
+    the fresh starts that would resolve it; a spread small enough resolves it with one start."""
+    from scipy import stats as scipy_stats
+
     data = _v3(small, 0.02)
     data["start_spread"] = {"eagle": {"multiplier": {"log_sd": 0.05, "df": 4, "points": 2}}}
     (found,) = [f for f in v3_audit(data) if f.code == "resolution"]
-    assert "one engine start" not in found.message
-    assert found.message.endswith("against a tolerance of ±15%: resolvable at every point")
+    assert "one engine start" not in found.message and found.severity == "warning"
+
+    def high(n_fresh: int) -> float:
+        return math.exp(scipy_stats.t.ppf(0.975, 4 + n_fresh - 1) * 0.05 * math.sqrt(1 / n_fresh + 1)) - 1
+
+    assert high(1) > 0.15 and f"known to {-(1 - 1 / (1 + high(1))):+.1%}..{high(1):+.1%}" in found.message
+    needed = next(n for n in range(2, 21) if high(n) <= 0.15)
+    assert f"{needed} fresh starts (--ledger-starts {needed}) would resolve it" in found.message
+    assert "more windows per start do not narrow" in found.message
+    data["start_spread"]["eagle"]["multiplier"]["log_sd"] = 0.02
+    (found,) = [f for f in v3_audit(data) if f.code == "resolution"]
+    assert found.severity == "info" and found.message.endswith("against a tolerance of ±15%: resolvable")
 
 
 def test_noisy_v3_ledger_names_the_tolerance_it_can_resolve(small):

@@ -1148,6 +1148,10 @@ def test_with_the_ledgers_pooled_spread_a_point_of_one_start_is_verified_over_st
     pooled = verdict.compare_point(ledger, "spec", committed, fresh)
     multiplier = pooled.figure("multiplier")
     assert multiplier.verdict.unit == "engine starts" and pooled.outcome != "changed", pooled.message("t")
+    # the one committed start's share of the width (t with 3 df times the pooled spread) is wider than the room
+    # the 15% move leaves outside the ±10% band, and fresh starts cannot shrink it: no count of them is promised
+    assert multiplier.committed.half_width_rel > abs(multiplier.verdict.change.value) - 0.1
+    assert multiplier.verdict.repeats_needed is None and "cannot settle" in multiplier.verdict.line()
     fell = recording.build_point(ledger, workload, 0.0, 8, _runs([400, 404, 398, 402], [264, 266.6, 262.7, 265.3]))
     fell["arms"]["spec"]["acceptance"]["acceptance_length"] = 3.0
     assert verdict.compare_point(ledger, "spec", committed, fell).outcome == "changed"

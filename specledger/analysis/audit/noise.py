@@ -11,7 +11,7 @@ from typing import Any
 from specledger import stats
 from specledger.analysis import theory
 from specledger.analysis.audit.base import Auditor, where
-from specledger.ledger.figures import is_v3, start_spread
+from specledger.ledger.figures import engine_starts, is_v3, start_spread
 
 
 def _pct_up(share: float) -> int:
@@ -109,13 +109,18 @@ def check_resolution(a: Auditor) -> None:
     committed interval's width enters that interval however many fresh repeats there are
     (stats.predicted_change_half_width). So per speculative arm: the committed multiplier
     half-widths over the v3 points (median and worst), and whether the tolerance can be
-    resolved at protocol.repeats.max fresh repeats, else the smallest tolerance that can.
+    resolved at protocol.repeats.max fresh repeats, else the smallest tolerance that can. Where the ledger
+    pools a between-start spread, verdicts count engine starts, and so does the finding (_resolution_over_starts).
     """
     tol = a.ledger.tolerances["multiplier_rel"]
     protocol = a.ledger.data.get("protocol") or {}
     max_repeats = (protocol.get("repeats") or {}).get("max")
     for i, arm in enumerate(a.ledger.arms):
         if arm["role"] not in ("speculative", "policy"):
+            continue
+        spread = start_spread(a.ledger.data, arm["name"], "multiplier")
+        if spread is not None:
+            _resolution_over_starts(a, i, arm["name"], spread, tol)
             continue
         # (committed half-width, predicted change half-width, committed repeats, resolvable, point)
         rows: list[tuple[float, float, int, bool, dict[str, Any]]] = []
@@ -137,8 +142,7 @@ def check_resolution(a: Auditor) -> None:
         p_median = statistics.median(row[1] for row in rows)
         h_worst, p_worst, n_worst, _, worst = max(rows, key=lambda row: row[1])
         # windows of one start each: a new start's host state is not in these widths (verdict.ONE_START_EACH)
-        one_start = ("" if start_spread(a.ledger.data, arm["name"], "multiplier") is not None else
-                     " (windows of one engine start: no point has two, so the spread between starts is not in "
+        one_start = (" (windows of one engine start: no point has two, so the spread between starts is not in "
                      "these widths; --ledger-add-start measures it)")
         message = (f"committed multiplier 95% CI half-width ±{h_median:.1%} at the median of {len(rows)} v3 "
                    f"points, ±{h_worst:.1%} at the worst ({where(worst)}; {n_worst} repeats); a verification "
@@ -152,3 +156,45 @@ def check_resolution(a: Auditor) -> None:
                  f"machine comes out inconclusive); ±{_pct_up(p_worst)}% would be resolvable at every point "
                  f"(±{_pct_up(p_median)}% at the median one), or record with more repeats",
                  "warning")
+
+
+#: The most engine starts a resolution finding offers as advice: past it, a start count is no plan.
+MAX_STARTS_ADVISED = 20
+
+
+def _resolution_over_starts(a: Auditor, i: int, arm: str, spread: stats.StartSpread, tol: float) -> None:
+    """The resolution finding where the ledger pools a between-start spread: verdicts then count engine starts, so
+    what a verification can resolve depends on the starts on each side, not on windows (more windows do not help).
+
+    Judged at the point with the fewest committed starts (the widest): one fresh start, which a nightly run is,
+    then the fresh starts that would do (``MAX_STARTS_ADVISED`` at most), and else the starts on each side."""
+    counts = [len(set(engine_starts(point["arms"][arm]))) for point in a.ledger.points
+              if is_v3(point) and (point["arms"].get(arm) or {}).get("multiplier")]
+    if not counts:
+        return
+    committed = min(counts)
+
+    def fits(n_fresh: int, n_committed: int) -> bool:
+        change = stats.predicted_replicated_change(spread, n_fresh, n_committed)
+        return change.low >= -tol and change.high <= tol
+
+    one = stats.predicted_replicated_change(spread, 1, committed)
+    message = (f"between-start spread of the multiplier pooled over {spread.points} points (log SD "
+               f"{spread.log_sd:.3f}, {spread.df} df), so verdicts count engine starts; with {committed} committed "
+               f"start(s) at the point that has fewest, one fresh start (a nightly run) predicts an unchanged "
+               f"machine's change known to {one.low:+.1%}..{one.high:+.1%}, against a tolerance of ±{tol:.0%}: ")
+    if fits(1, committed):
+        a.add(["arms", i], "resolution", message + "resolvable", "info")
+        return
+    fresh = next((n for n in range(2, MAX_STARTS_ADVISED + 1) if fits(n, committed)), None)
+    both = next((n for n in range(committed + 1, MAX_STARTS_ADVISED + 1) if fits(n, n)), None)
+    advice = [f"{fresh} fresh starts (--ledger-starts {fresh}) would resolve it" if fresh is not None else
+              f"no count of fresh starts up to {MAX_STARTS_ADVISED} resolves it against {committed} committed"]
+    if fresh is None:
+        advice.append(f"{both} starts on each side would (--ledger-add-start to the committed points)"
+                      if both is not None else f"nor {MAX_STARTS_ADVISED} starts on each side")
+    advice.append(f"±{_pct_up(max(-one.low, one.high))}% would be resolvable with one fresh start; more windows "
+                  "per start do not narrow a between-start interval")
+    a.add(["arms", i], "resolution", message + "not resolvable (a re-run of an unchanged machine comes out "
+          "inconclusive); " + "; ".join(advice), "warning")
+
