@@ -135,7 +135,8 @@ def points_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
     return df.astype({c: float for c in float_columns})
 
 
-def _window_medians(result: Mapping[str, Any], key: str, starts: Sequence[int], statistic: str) -> list[float]:
+def _per_start_window_statistic(result: Mapping[str, Any], key: str, starts: Sequence[int], statistic: str
+                                ) -> list[float]:
     """``statistic`` ("median" or "mean") of a per-window telemetry list for each engine start, in start order; NaN
     where the point did not record it (ledgers before 2026-12-03 have no host slice)."""
     values = (result.get("window") or {}).get(key)
@@ -165,8 +166,8 @@ def starts_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
                 if len(order) < 2:
                     continue
                 per_start = figures.per_start_figures(ledger, point, name)
-                host = _window_medians(result, "host_slice_ms", starts, "median")
-                steal = _window_medians(result, "cpu_steal_share", starts, "mean")
+                host = _per_start_window_statistic(result, "host_slice_ms", starts, "median")
+                steal = _per_start_window_statistic(result, "cpu_steal_share", starts, "mean")
                 for i, start in enumerate(order):
                     rows.append({
                         "ledger": ledger.id, "arm": name, "workload": point["workload"],
