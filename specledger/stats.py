@@ -312,6 +312,16 @@ def replicated_estimate(per_start: Sequence[float], *, spread: StartSpread | Non
     return Estimate(value, float(np.exp(low)), float(np.exp(high)), int(logs.size), confidence)
 
 
+def _change_over_starts(centre_log: float, sd_log: float, df: int, n_fresh: int, n_committed: int,
+                        confidence: float) -> Estimate:
+    """fresh / committed - 1 with the t interval of two means of n_fresh and n_committed starts that share one
+    log spread: what a verdict over starts judges (replicated_change) and what the audit predicts of it
+    (predicted_replicated_change), in one place."""
+    low, high = _t_interval(centre_log, sd_log * math.sqrt(1 / n_fresh + 1 / n_committed), df, confidence)
+    return Estimate(float(np.exp(centre_log) - 1), float(np.exp(low) - 1), float(np.exp(high) - 1), n_fresh,
+                    confidence)
+
+
 def replicated_change(fresh_per_start: Sequence[float], committed_per_start: Sequence[float], *,
                       spread: StartSpread | None = None, confidence: float = 0.95) -> Estimate:
     """fresh / committed - 1 of per-start figures, as a ratio of geometric means, with a pooled-variance t interval.
@@ -326,10 +336,8 @@ def replicated_change(fresh_per_start: Sequence[float], committed_per_start: Seq
     if spread is not None and f.size >= 1 and c.size >= 1:
         ss = spread.log_sd ** 2 * spread.df + float(((f - f.mean()) ** 2).sum())
         df = spread.df + f.size - 1
-        centre = float(f.mean() - c.mean())
-        low, high = _t_interval(centre, math.sqrt(ss / df) * math.sqrt(1 / f.size + 1 / c.size), df, confidence)
-        return Estimate(float(np.exp(centre) - 1), float(np.exp(low) - 1), float(np.exp(high) - 1), int(f.size),
-                        confidence)
+        return _change_over_starts(float(f.mean() - c.mean()), math.sqrt(ss / df), df, int(f.size), int(c.size),
+                                   confidence)
     if f.size < 1 or c.size < 1 or f.size + c.size < 3:
         raise ValueError(f"a change across engine starts needs 3 starts in all, got {f.size} fresh and {c.size} "
                          "committed")
@@ -438,9 +446,7 @@ def predicted_replicated_change(spread: StartSpread, n_fresh: int, n_committed: 
     starts' share never shrinks with fresh ones. Centre 0; the interval is exp(±t·sd·sqrt(1/f + 1/c)) - 1."""
     if n_fresh < 1 or n_committed < 1:
         raise ValueError(f"start counts must be >= 1, got {n_fresh!r} fresh and {n_committed!r} committed")
-    low, high = _t_interval(0.0, spread.log_sd * math.sqrt(1 / n_fresh + 1 / n_committed),
-                            spread.df + n_fresh - 1, confidence)
-    return Estimate(0.0, float(np.exp(low) - 1), float(np.exp(high) - 1), n_fresh, confidence)
+    return _change_over_starts(0.0, spread.log_sd, spread.df + n_fresh - 1, n_fresh, n_committed, confidence)
 
 
 def resolvable(committed_half_width_rel: float, n_committed: int, max_repeats: int, tolerance: float) -> bool:

@@ -140,9 +140,13 @@ def _replicated_verdicts(ledger: Ledger, arm: str, base: str | None, committed: 
     if max(n_f, n_c) < 2 and spread_m is None and spread_t is None:
         return None
 
+    def over_starts(per_start: list[float], spread: stats.StartSpread | None) -> bool:
+        """Whether this side's interval is taken over engine starts (else over one start's windows)."""
+        return len(per_start) >= 2 or spread is not None
+
     def estimate(per_start: list[float], values: list[float], base_values: list[float] | None,
                  spread: stats.StartSpread | None) -> stats.Estimate:
-        if len(per_start) >= 2 or spread is not None:
+        if over_starts(per_start, spread):
             return stats.replicated_estimate(per_start, spread=spread)
         return stats.multiplier_estimate(values, base_values) if base_values else stats.mean_estimate(values)
 
@@ -150,7 +154,7 @@ def _replicated_verdicts(ledger: Ledger, arm: str, base: str | None, committed: 
                        ) -> float | None:
         """The committed starts' share of the change's width, which fresh starts do not shrink; None where the
         committed side is one start's windows (their width is not a between-start one)."""
-        return committed.half_width_rel if len(per_start) >= 2 or spread is not None else None
+        return committed.half_width_rel if over_starts(per_start, spread) else None
 
     out: list[FigureVerdict] = []
     base_f, base_c = _repeats(measured, base), _repeats(committed, base)

@@ -174,9 +174,9 @@ def _resolution_over_starts(a: Auditor, i: int, arm: str, spread: stats.StartSpr
         return
     committed = min(counts)
 
-    def fits(n_fresh: int, n_committed: int) -> bool:
+    def fits(n_fresh: int, n_committed: int) -> bool:  # an unchanged machine's verdict would say "holds"
         change = stats.predicted_replicated_change(spread, n_fresh, n_committed)
-        return change.low >= -tol and change.high <= tol
+        return stats.verdict(change, tol, n_fresh=n_fresh, unit="engine starts").outcome == "holds"
 
     one = stats.predicted_replicated_change(spread, 1, committed)
     message = (f"between-start spread of the multiplier pooled over {spread.points} points (log SD "
