@@ -267,8 +267,9 @@ def multiplier_figure(ledger: Ledger) -> Figure:
             xs = [int(c) for c in group["concurrency"]]
             ys = [float(m) for m in group["multiplier"]]
             pooled = figures.start_spread(ledger.data, arm, "multiplier") is not None
-            spreads = {c: figures.multiplier_bar(p, arm, base, pooled=pooled)
-                       if (p := ledger.find_point(workload, temperature, c)) else None for c in xs}  # one bar per point
+            points = {c: ledger.find_point(workload, temperature, c) for c in xs}
+            spreads = {c: figures.multiplier_bar(p, arm, base, pooled=pooled) if p else None
+                       for c, p in points.items()}  # one bar per point
             if row is not None:
                 label += ": " + _crossing_text(row["kind"], row["value"], row)
                 bracket = row["loss_bracket_ci95"]
@@ -292,7 +293,7 @@ def multiplier_figure(ledger: Ledger) -> Figure:
                     ax.vlines(c * nudge, low, high, color=color, alpha=0.5, linewidth=2.5, zorder=2)
                     top = max(top, high * 1.05)
                     bar_kinds.add(what)
-                point = ledger.find_point(workload, temperature, c)
+                point = points[c]
                 per_start = (figures.per_start_figures(ledger, point, arm).get("multiplier", [])
                              if point is not None and figures.is_v3(point) else [])
                 if len(per_start) >= 2:  # the starts an interval over starts is taken from: which lease drew it
