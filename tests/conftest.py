@@ -52,8 +52,10 @@ def cpu_servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 
 
 @pytest.fixture
-def inner_pytest(pytester: pytest.Pytester) -> pytest.Pytester:
-    """`pytester` for inner pytest runs in this process, with every module such a run imports loaded first.
+def inner_pytest(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """`pytester` for inner pytest runs in this process, with every module such a run imports loaded first, run
+    as a session of its own also inside a pytest-xdist worker (pytest-benchmark and specledger.gpu_assignment read
+    PYTEST_XDIST_WORKER from the environment: under `-n`, benchmarks were disabled and a benchmark test failed).
 
     Why: after an inner run, pytester drops from `sys.modules` every module that run imported first. The next
     import makes a second copy: NumPy warns that it was reloaded, and a class of a specledger module imported
@@ -64,4 +66,6 @@ def inner_pytest(pytester: pytest.Pytester) -> pytest.Pytester:
         importlib.import_module(module.name)
     for name in ("numpy", "pandas", "scipy.stats", "matplotlib", "jsonschema", "hypothesis"):
         importlib.import_module(name)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT", raising=False)
     return pytester
