@@ -174,6 +174,37 @@ def cmd_show(args: argparse.Namespace) -> int:
     return EXIT_PROBLEMS if invalid else EXIT_OK
 
 
+def _compare_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("reference", metavar="REFERENCE", help="the ledger to compare against (e.g. the bf16 one)")
+    parser.add_argument("other", metavar="OTHER", help="the ledger with the condition under test (e.g. fp8 weights)")
+    parser.add_argument("--plot", metavar="PNG", help="also draw each change with its CI against the tolerance band")
+
+
+@command("compare", "each figure of OTHER against REFERENCE at the points both measured, with the CI of the change "
+         "(over engine starts with REFERENCE's between-start spread where it pools one) and the conditions that "
+         "differ; exit 1 when they share no point", _compare_arguments)
+def cmd_compare(args: argparse.Namespace) -> int:
+    from specledger.analysis.compare import compare_ledgers, condition_differences
+    from specledger.render.tables import format_table
+
+    (_, reference), (_, other) = _load_one(args.reference), _load_one(args.other)
+    differences = condition_differences(reference, other)
+    print(f"{other.id} against {reference.id}: conditions that differ"
+          + ("" if differences else ": none (the same conditions: a re-run)"))
+    for path, (mine, theirs) in differences.items():
+        print(f"  {path}: {mine!r} -> {theirs!r}")
+    table = compare_ledgers(reference, other)
+    print()
+    print(format_table(table))
+    if table.empty:
+        return EXIT_PROBLEMS
+    if args.plot:
+        from specledger.render.compare_plots import write_change_plot
+
+        print(write_change_plot(table, f"{other.id} against {reference.id}", args.plot))
+    return EXIT_OK
+
+
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "demo_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to specledger.demo"

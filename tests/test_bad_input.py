@@ -192,6 +192,7 @@ COMMANDS = {
     "audit-report": lambda path, tmp: ["audit-report", path, "--ledgers", str(SMALL)],
     "import-bench": lambda path, tmp: ["import-bench", path, "--id", "x", "-o", str(tmp / "out.json")],
     "pool-starts": lambda path, tmp: ["pool-starts", path, "-o", str(tmp / "pooled.json")],
+    "compare": lambda path, tmp: ["compare", str(SMALL), path],
 }
 
 

@@ -511,7 +511,8 @@ def test_qwen_ledgers_are_gpu_ledgers_planned_or_being_recorded() -> None:
     expected = {
         "h200-qwen2.5-coder-1.5b": (["baseline", "matched-baseline", "ngram", "ngram-gpu", "draft-0.5b",
                                      "draft-0.5b-async"], 1),
-        "h200-qwen2.5-coder-1.5b-fp8": (["baseline", "ngram"], 1),
+        "h200-qwen2.5-coder-1.5b-fp8": (["baseline", "matched-baseline", "ngram"], 1),
+        "h100-qwen2.5-coder-1.5b-fp8": (["baseline", "matched-baseline", "ngram"], 1),
         "h200-qwen2.5-coder-1.5b-fp8kv": (["baseline", "ngram"], 1),
         "h200x2-qwen2.5-coder-1.5b-tp2": (["baseline", "ngram"], 2),
     }
@@ -523,6 +524,7 @@ def test_qwen_ledgers_are_gpu_ledgers_planned_or_being_recorded() -> None:
         assert ledger.data["provenance"]["accelerator"]["count"] == gpus
         assert ledger.data["engine_args"].get("tensor_parallel_size", 1) == gpus
         assert ledger.data["target"]["model"] == "embedded:qwen2.5-coder-1.5b"
+        assert ledger.data["target"].get("quantization") == ("fp8" if name.endswith("-fp8") else None), name
         if "protocol" in ledger.data:  # planned for protocol v3: repeats are the protocol's
             assert ledger.data["protocol"]["repeats"]["min"] >= 5
         else:

@@ -1,0 +1,83 @@
+"""Comparing two ledgers: the condition that differs, and each shared figure's change with the interval a
+verification would give it (the reference's between-start spread included where it pools one)."""
+
+from __future__ import annotations
+
+import math
+
+from repo_paths import ROOT
+from scipy import stats as scipy_stats
+
+from specledger import stats
+from specledger.analysis.compare import compare_ledgers, condition_differences
+from specledger.cli import main
+from specledger.ledger import load_ledger
+from specledger.ledger.figures import engine_starts, start_spread
+
+BF16 = ROOT / "ledgers" / "h100-qwen2.5-coder-1.5b.json"
+FP8 = ROOT / "ledgers" / "h100-qwen2.5-coder-1.5b-fp8.json"
+
+
+def test_the_fp8_ledger_differs_from_bf16_in_the_checkpoint_alone():
+    differences = condition_differences(load_ledger(BF16), load_ledger(FP8))
+    assert sorted(differences) == ["target.quantization", "target.weight_format"]
+    assert differences["target.quantization"] == (None, "fp8")
+
+
+def test_the_change_is_the_ratio_of_geometric_means_over_starts_with_the_pooled_t_interval():
+    """Worked from the raw repeats: ngram's multiplier per engine start on each side, the bf16 ledger's pooled log
+    SD and degrees of freedom, and Student's t for one fp8 start against the bf16 starts."""
+    bf16, fp8 = load_ledger(BF16), load_ledger(FP8)
+    table = compare_ledgers(bf16, fp8)
+    assert sorted(set(table["point"])) == ["copy:0:1", "copy:0:8"]  # the points both measured
+    assert set(table["arm"]) == {"baseline", "matched-baseline", "ngram"}  # fp8 has no ngram-gpu or draft arm
+    row = table[(table["point"] == "copy:0:1") & (table["figure"] == "multiplier")].iloc[0]
+
+    def per_start(ledger, key):
+        arms = ledger.find_point(*key)["arms"]
+        return stats.start_multipliers(arms["ngram"]["output_tokens_per_s"]["repeats"],
+                                       arms["baseline"]["output_tokens_per_s"]["repeats"], engine_starts(arms["ngram"]))
+
+    key = ("copy", 0.0, 1)
+    logs_bf16, logs_fp8 = [math.log(m) for m in per_start(bf16, key)], [math.log(m) for m in per_start(fp8, key)]
+    assert len(logs_bf16) == 2 and len(logs_fp8) == 1
+    spread = start_spread(bf16.data, "ngram", "multiplier")
+    centre = logs_fp8[0] - sum(logs_bf16) / 2
+    half = scipy_stats.t.ppf(0.975, spread.df) * spread.log_sd * math.sqrt(1 + 1 / 2)
+    assert row["change_pct"] == round(100 * (math.exp(centre) - 1), 1)
+    assert row["change_ci95_pct"] == (round(100 * (math.exp(centre - half) - 1), 1),
+                                      round(100 * (math.exp(centre + half) - 1), 1))
+    assert row["outcome"] == "inconclusive" and row["over"] == "engine starts (pooled spread)"
+
+
+def test_ledgers_without_a_spread_are_compared_over_windows_and_say_so():
+    table = compare_ledgers(load_ledger(ROOT / "ledgers" / "cpu-smollm2.json"), load_ledger(FP8))
+    assert not table.empty and set(table["over"]) == {"windows of one start each"}
+
+
+def test_cli_prints_the_differing_condition_and_fails_without_a_shared_point(capsys):
+    assert main(["compare", str(BF16), str(FP8)]) == 0
+    out = capsys.readouterr().out
+    assert "target.quantization: None -> 'fp8'" in out and "copy:0:8" in out
+    planned = ROOT / "ledgers" / "h200-qwen2.5-coder-1.5b-policy.json"
+    assert load_ledger(planned).points == []
+    assert main(["compare", str(BF16), str(planned)]) == 1
+
+
+def test_the_change_plot_draws_every_row_in_its_panel_and_refuses_an_empty_table(tmp_path):
+    import pandas as pd
+    import pytest
+
+    from specledger.render.compare_plots import change_figure, write_change_plot
+    from specledger.render.plots import NothingToPlot
+
+    table = compare_ledgers(load_ledger(BF16), load_ledger(FP8))
+    fig = change_figure(table, "fp8 against bf16")
+    multiplier_ax, throughput_ax = fig.axes[:2]
+    rows = {t.get_text(): t.get_position()[1] for t in multiplier_ax.get_yticklabels()}
+    assert rows.keys() == {"copy:0:1 ngram", "copy:0:8 ngram"} and rows["copy:0:1 ngram"] > rows["copy:0:8 ngram"]
+    assert len(throughput_ax.get_yticklabels()) == (table["figure"] != "multiplier").sum() == 6
+    path = write_change_plot(table, "fp8 against bf16", tmp_path / "plots" / "change.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(NothingToPlot, match="share no point"):
+        change_figure(pd.DataFrame(), "nothing")
