@@ -76,17 +76,21 @@ def compare_ledgers(reference: Ledger, other: Ledger) -> pd.DataFrame:
     start on each side, which leaves out what another lease would do."""
     rows = []
     arms = _shared_arms(reference, other)
+    # Whether the reference pools a between-start spread for each arm's multiplier and tokens/s (the spread
+    # speed_verdicts judges that figure with): once per ledger, not per point.
+    pooled = {(arm, figure): start_spread(reference.data, arm, figure) is not None
+              for arm in arms for figure in ("multiplier", "output_tokens_per_s")}
     for mine in reference.points:
-        theirs = other.find_point(*Ledger.point_key(mine))
+        key = Ledger.point_key(mine)
+        theirs = other.find_point(*key)
         if theirs is None:
             continue
         for arm in arms:
-            pooled = any(start_spread(reference.data, arm, f) is not None
-                         for f in ("multiplier", "output_tokens_per_s"))
             for figure in speed_verdicts(reference, arm, committed=mine, measured=theirs):
                 v = figure.verdict
+                spread = pooled[arm, "multiplier" if figure.metric == "multiplier" else "output_tokens_per_s"]
                 rows.append({
-                    "point": point_label(Ledger.point_key(mine)), "arm": arm, "figure": figure.metric,
+                    "point": point_label(key), "arm": arm, "figure": figure.metric,
                     "reference": round(figure.committed.value, 3),
                     "reference_ci95": (round(figure.committed.low, 3), round(figure.committed.high, 3)),
                     "other": round(figure.fresh.value, 3),
@@ -94,7 +98,7 @@ def compare_ledgers(reference: Ledger, other: Ledger) -> pd.DataFrame:
                     "change_pct": round(100 * v.change.value, 1),
                     "change_ci95_pct": (round(100 * v.change.low, 1), round(100 * v.change.high, 1)),
                     "outcome": v.outcome, "tolerance_pct": round(100 * v.tolerance, 1),
-                    "over": "engine starts" + (" (pooled spread)" if pooled else "")
+                    "over": "engine starts" + (" (pooled spread)" if spread else "")
                             if v.unit == "engine starts" else "windows of one start each",
                 })
     return pd.DataFrame(rows)

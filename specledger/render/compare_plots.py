@@ -13,7 +13,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
-from specledger.render.plots import NothingToPlot
+from specledger.render.plots import PLOT_DPI, NothingToPlot
 
 __all__ = ["change_figure", "write_change_plot"]
 
@@ -65,5 +65,5 @@ def write_change_plot(table: pd.DataFrame, title: str, path: str | Path) -> Path
     """Draw `change_figure` to `path` (its folder created if missing)."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    change_figure(table, title).savefig(out, dpi=110)
+    change_figure(table, title).savefig(out, dpi=PLOT_DPI)
     return out

@@ -29,6 +29,7 @@ from specledger.ledger import Ledger, figures
 from specledger.render.tables import critical_table, points_table
 
 __all__ = [
+    "PLOT_DPI",
     "PLOT_KINDS",
     "NothingToPlot",
     "acceptance_figure",
@@ -44,7 +45,8 @@ __all__ = [
 #: Plot kinds in the order they are written; each is also the file-name suffix.
 PLOT_KINDS = ("multiplier", "throughput", "acceptance")
 
-_DPI = 110
+#: Resolution of every PNG specledger writes (the compare plot too).
+PLOT_DPI = 110
 # Sideways step between the spread bars of lines sharing a concurrency, in log2 units of c.
 _BAR_NUDGE_LOG2 = 0.05
 _COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
@@ -512,7 +514,7 @@ def write_plots(
             continue
         out.mkdir(parents=True, exist_ok=True)
         path = plot_path(out, ledger, kind)
-        fig.savefig(path, dpi=_DPI)
+        fig.savefig(path, dpi=PLOT_DPI)
         written.append(path)
     if not written:
         why = "; ".join(reason.split(": ", 1)[1] for reason in reasons)
