@@ -513,7 +513,8 @@ def test_qwen_ledgers_are_gpu_ledgers_planned_or_being_recorded() -> None:
                                      "draft-0.5b-async"], 1),
         "h200-qwen2.5-coder-1.5b-fp8": (["baseline", "matched-baseline", "ngram"], 1),
         "h100-qwen2.5-coder-1.5b-fp8": (["baseline", "matched-baseline", "ngram"], 1),
-        "h200-qwen2.5-coder-1.5b-fp8kv": (["baseline", "ngram"], 1),
+        "h200-qwen2.5-coder-1.5b-fp8kv": (["baseline", "matched-baseline", "ngram"], 1),
+        "h100-qwen2.5-coder-1.5b-fp8kv": (["baseline", "matched-baseline", "ngram"], 1),
         "h200x2-qwen2.5-coder-1.5b-tp2": (["baseline", "ngram"], 2),
     }
     for name, (arms, gpus) in expected.items():
@@ -546,6 +547,12 @@ def test_qwen_ledgers_are_gpu_ledgers_planned_or_being_recorded() -> None:
     fp8kv = load_ledger(REPO / "ledgers" / "h200-qwen2.5-coder-1.5b-fp8kv.json").data["target"]
     assert (fp8["quantization"], fp8["kv_cache_dtype"]) == ("fp8", "auto")
     assert (fp8kv["quantization"], fp8kv["kv_cache_dtype"]) == (None, "fp8")
+    h100_fp8kv = load_ledger(REPO / "ledgers" / "h100-qwen2.5-coder-1.5b-fp8kv.json").data
+    h100_bf16 = load_ledger(REPO / "ledgers" / "h100-qwen2.5-coder-1.5b.json").data
+    assert (h100_fp8kv["target"]["quantization"], h100_fp8kv["target"]["kv_cache_dtype"]) == (None, "fp8")
+    # the checkpoint is the only condition apart: same engine arguments and protocol as the bf16 ledger
+    assert h100_fp8kv["engine_args"] == h100_bf16["engine_args"]
+    assert h100_fp8kv["protocol"] == h100_bf16["protocol"]
 
 
 def test_draft_arm_resolves_to_the_embedded_draft(draft_built: Path, tmp_path: Path) -> None:
