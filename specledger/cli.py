@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -184,7 +186,7 @@ def _compare_arguments(parser: argparse.ArgumentParser) -> None:
          "(over engine starts with REFERENCE's between-start spread where it pools one) and the conditions that "
          "differ; exit 1 when they share no point", _compare_arguments)
 def cmd_compare(args: argparse.Namespace) -> int:
-    from specledger.analysis.compare import compare_ledgers, condition_differences
+    from specledger.analysis.compare import compare_acceptance, compare_ledgers, condition_differences
     from specledger.render.tables import format_table
 
     (_, reference), (_, other) = _load_one(args.reference), _load_one(args.other)
@@ -196,12 +198,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
     table = compare_ledgers(reference, other)
     print()
     print(format_table(table))
+    acceptance = compare_acceptance(reference, other)
+    if not acceptance.empty:
+        bar = reference.tolerances["acceptance_length_abs"]
+        print(f"\nAcceptance length (tokens per step; the bar is REFERENCE's ±{bar:g})")
+        print(format_table(acceptance))
     if table.empty:
         return EXIT_PROBLEMS
     if args.plot:
         from specledger.render.compare_plots import write_change_plot
 
-        print(write_change_plot(table, f"{other.id} against {reference.id}", args.plot))
+        print(write_change_plot(table, f"{other.id} against {reference.id}", args.plot, acceptance))
     return EXIT_OK
 
 
@@ -833,6 +840,11 @@ def main(argv: list[str] | None = None) -> int:
         for problem in e.problems:
             print(problem, file=sys.stderr)
         return EXIT_PROBLEMS
+    except BrokenPipeError:
+        # The reader left early (`specledger show L | head`): what it read is what it asked for. Point stdout at
+        # devnull so the interpreter's final flush does not raise again, and exit as a process SIGPIPE ended would.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

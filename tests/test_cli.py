@@ -121,6 +121,18 @@ def test_show_prints_tables(capsys):
     assert "17.47 (between 16 and 64)" in out
 
 
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """`specledger show L | head -1`: the pipe closes while the tables are printed; the command ends as a process
+    that SIGPIPE ended (141), with nothing on stderr (it printed a BrokenPipeError traceback)."""
+    ledgers = str(ROOT / "ledgers")  # three times over: 240 kB, far past what a pipe buffers, so a write must fail
+    shown = subprocess.Popen([sys.executable, "-m", "specledger.cli", "show", ledgers, ledgers, ledgers],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    assert shown.stdout.readline()  # the first line, then the reader leaves
+    shown.stdout.close()
+    assert shown.wait(timeout=120) == 141
+    assert shown.stderr.read() == b""
+
+
 def test_show_invalid_exits_1(invalid, capsys):
     assert main(["show", str(invalid)]) == 1
 

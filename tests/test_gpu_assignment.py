@@ -212,13 +212,21 @@ session.SuiteSession.measure = fake_measure
 '''
 
 
+def _child_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment of a child pytest that imports a plugin from `tmp_path`. Without this test's own xdist
+    worker variables: under an outer `pytest -n`, the child read PYTEST_XDIST_WORKER, took itself for a worker and
+    pinned itself as one (three tests here failed so)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT")}
+    path = os.pathsep.join(p for p in (str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    return {**env, "PYTHONPATH": path, **extra}
+
+
 def test_loadgroup_runs_each_ledger_on_one_worker(tmp_path: Path) -> None:
     """`-n 2 --dist loadgroup` over two ledgers: every point of a ledger on one worker, the ledgers on two."""
     pytest.importorskip("xdist")
     (tmp_path / "record_worker.py").write_text(RECORD_WORKER)
     log = tmp_path / "workers.jsonl"
-    path = os.pathsep.join(p for p in (str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, PYTHONPATH=path, WORKER_LOG=str(log))
+    env = _child_env(tmp_path, WORKER_LOG=str(log))
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "tests/engine/test_ledgers.py", "-p", "no:cacheprovider", "-p",
          "record_worker", "-v", "-m", "not gpu", "-o", "addopts=", "-n", "2", "--dist", "loadgroup",
@@ -273,8 +281,7 @@ def _gpu_run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, l
     pytest.importorskip("xdist")
     (tmp_path / "report_pinning.py").write_text(REPORT_PINNING)
     log = tmp_path / "pins.jsonl"
-    path = os.pathsep.join(p for p in (str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, PYTHONPATH=path, PIN_LOG=str(log), CUDA_VISIBLE_DEVICES="0,1")
+    env = _child_env(tmp_path, PIN_LOG=str(log), CUDA_VISIBLE_DEVICES="0,1")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "tests/engine/test_ledgers.py", "-p", "no:cacheprovider", "-p",
          "report_pinning", "-q", "-m", "gpu", "-o", "addopts=", "-k", "no-such-point",

@@ -16,12 +16,12 @@ from typing import Any
 
 import pandas as pd
 
-from specledger.analysis.verdict import speed_verdicts
+from specledger.analysis.verdict import compare_point, speed_verdicts
 from specledger.ledger import Ledger
 from specledger.ledger.figures import start_spread
 from specledger.ledger.selection import point_label
 
-__all__ = ["COMPARED_CONDITIONS", "compare_ledgers", "condition_differences"]
+__all__ = ["COMPARED_CONDITIONS", "compare_acceptance", "compare_ledgers", "condition_differences"]
 
 #: The parts of a ledger that make its figures what they are; any difference between two compared ledgers is printed
 #: beside the table, since the comparison is about one of them (and a second one confounds it).
@@ -101,4 +101,38 @@ def compare_ledgers(reference: Ledger, other: Ledger) -> pd.DataFrame:
                     "over": "engine starts" + (" (pooled spread)" if spread else "")
                             if v.unit == "engine starts" else "windows of one start each",
                 })
+    return pd.DataFrame(rows)
+
+
+def compare_acceptance(reference: Ledger, other: Ledger) -> pd.DataFrame:
+    """One row per shared point and speculative arm: each ledger's acceptance length and the change against the
+    reference's absolute bar, judged as a verification judges it (``verdict.compare_point``: the acceptance pass
+    counts the same prompts on both sides, so the bar is exact). Where the two figures count different tokens the
+    row says why and asserts nothing.
+
+    Why apart from the speed table: acceptance length barely moves between leases (4.44-4.46 on every H100 start of
+    copy), so a condition that moves it shows here while the tokens/s it costs are still hidden by the leases."""
+    rows = []
+    arms = [a for a in _shared_arms(reference, other)
+            if reference.arm(a)["role"] not in ("baseline", "matched-baseline")]
+    for mine in reference.points:
+        key = Ledger.point_key(mine)
+        theirs = other.find_point(*key)
+        if theirs is None:
+            continue
+        for arm in arms:
+            result = compare_point(reference, arm, committed=mine, measured=theirs)
+            check = next((c for c in result.checks if c.metric == "acceptance_length"), None)
+            ref_len = (mine["arms"].get(arm, {}).get("acceptance") or {}).get("acceptance_length")
+            other_len = ((theirs["arms"].get(arm) or {}).get("acceptance") or {}).get("acceptance_length")
+            if ref_len is None or other_len is None:
+                continue
+            why_not = next((n.split("not asserted: ", 1)[1] for n in result.notes
+                            if n.startswith("acceptance_length:") and "not asserted: " in n), None)
+            rows.append({
+                "point": point_label(key), "arm": arm, "reference": round(float(ref_len), 3),
+                "other": round(float(other_len), 3), "change": round(float(other_len) - float(ref_len), 3),
+                "bar": (round(check.low, 3), round(check.high, 3)) if check else None,
+                "outcome": ("holds" if check.ok else "changed") if check else f"not asserted: {why_not}",
+            })
     return pd.DataFrame(rows)

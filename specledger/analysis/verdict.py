@@ -274,7 +274,8 @@ def acceptance_sources_differ(committed: Mapping[str, Any], measured: Mapping[st
                               ) -> str | None:
     """Why two acceptance figures count different tokens (so a bar between them means nothing), or None.
 
-    From a pass, both count the same requests; from windows, whatever each window's time covered
+    From a pass, both count the same prompts (`figures.passes_over_the_same_prompts`: a point with several engine
+    starts sums their passes); from windows, whatever each window's time covered
     (absent ``from``: windows, as every ledger recorded before the pass). Two window figures are never
     the same tokens: over HTTP on a CI machine 3.4x slower, the CPU ledger's copy:0:2 ngram windows
     held 40 requests against the recording's 59, and the length moved by 0.115 against a bar of 0.1
@@ -284,7 +285,7 @@ def acceptance_sources_differ(committed: Mapping[str, Any], measured: Mapping[st
     c_from, m_from = committed.get("from", legacy), measured.get("from", legacy)
     if c_from != m_from:
         return f"committed from the {c_from}, measured from the {m_from}: re-record the point to compare them"
-    if c_from == "pass" and committed.get("requests") != measured.get("requests"):
+    if c_from == "pass" and not figures.passes_over_the_same_prompts(committed, measured):
         return (f"the committed pass covered {committed.get('requests')} prompts, this one "
                 f"{measured.get('requests')}")
     if c_from == "windows":

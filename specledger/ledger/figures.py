@@ -214,6 +214,18 @@ def is_ci_bar(what: str) -> bool:
     return what in (CI_BAR, CI_BAR_OVER_STARTS)
 
 
+def passes_over_the_same_prompts(one: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
+    """Whether two acceptance figures count the same prompts: both from the pass, and one's requests a whole number
+    of the other's. Every engine start's pass runs the point's same prompts, and a point measured in several starts
+    sums their passes (86 = 2 x 43).
+
+    Why one home: adding a start pools passes by this rule (`measure.replication`), and a verification asserts the
+    acceptance bar by it; comparing requests for equality there left every point with two starts without an
+    acceptance check against a one-start run (found 2026-12-06, comparing the fp8-KV ledger with bf16)."""
+    a, b = int(one.get("requests") or 0), int(other.get("requests") or 0)
+    return one.get("from") == other.get("from") == "pass" and a > 0 and b > 0 and max(a, b) % min(a, b) == 0
+
+
 def acceptance_length(accepted_tokens: int, drafts: int) -> float:
     """Tokens a speculative step yields on average: the target's own token plus the accepted drafts per
     draft (vLLM's counters are cumulative: pass the deltas of a point). `drafts` must be positive."""

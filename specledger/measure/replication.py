@@ -40,20 +40,17 @@ def _acceptance(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None, k:
                 ledger: Ledger) -> dict[str, Any] | None:
     """Counts of passes over the same prompts, added; otherwise the added start's.
 
-    The committed counts may already sum several starts' passes, so the same prompts means the committed requests
-    are a whole number of the added pass's (86 = 2 x 43): comparing them for equality dropped every earlier pass
-    from a point's third start on (2026-12-03, copy c=1, 8 and 16 of the Qwen ledger)."""
+    The committed counts may already sum several starts' passes (`figures.passes_over_the_same_prompts`): comparing
+    them for equality dropped every earlier pass from a point's third start on (2026-12-03, copy c=1, 8 and 16 of
+    the Qwen ledger)."""
     if not old or not new:
         return copy.deepcopy(dict(new)) if new else None
-    old_requests, new_requests = int(old.get("requests") or 0), int(new.get("requests") or 0)
-    same_pass = (old.get("from") == new.get("from") == "pass" and new_requests > 0 and old_requests > 0
-                 and old_requests % new_requests == 0)
-    if not same_pass:
+    if not figures.passes_over_the_same_prompts(old, new):
         return copy.deepcopy(dict(new))
     acc = counters.acceptance(counters.add(old, new), k)
     if acc is None:
         return copy.deepcopy(dict(new))
-    acc.update({"from": "pass", "requests": old_requests + new_requests,
+    acc.update({"from": "pass", "requests": int(old["requests"]) + int(new["requests"]),
                 "seconds": round(float(old.get("seconds", 0.0)) + float(new.get("seconds", 0.0)), 2)})
     return recording.rounded_acceptance(acc, ledger.rounding)
 

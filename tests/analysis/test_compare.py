@@ -9,13 +9,14 @@ from repo_paths import ROOT
 from scipy import stats as scipy_stats
 
 from specledger import stats
-from specledger.analysis.compare import compare_ledgers, condition_differences
+from specledger.analysis.compare import compare_acceptance, compare_ledgers, condition_differences
 from specledger.cli import main
 from specledger.ledger import load_ledger
 from specledger.ledger.figures import engine_starts, start_spread
 
 BF16 = ROOT / "ledgers" / "h100-qwen2.5-coder-1.5b.json"
 FP8 = ROOT / "ledgers" / "h100-qwen2.5-coder-1.5b-fp8.json"
+FP8_KV = ROOT / "ledgers" / "h100-qwen2.5-coder-1.5b-fp8kv.json"
 
 
 def test_the_fp8_ledger_differs_from_bf16_in_the_checkpoint_alone():
@@ -29,7 +30,8 @@ def test_the_change_is_the_ratio_of_geometric_means_over_starts_with_the_pooled_
     SD and degrees of freedom, and Student's t for one fp8 start against the bf16 starts."""
     bf16, fp8 = load_ledger(BF16), load_ledger(FP8)
     table = compare_ledgers(bf16, fp8)
-    assert sorted(set(table["point"])) == ["copy:0:1", "copy:0:8"]  # the points both measured
+    # the points both measured
+    assert sorted(set(table["point"])) == ["copy:0:1", "copy:0:4", "copy:0:64", "copy:0:8", "free-form:0:8"]
     assert set(table["arm"]) == {"baseline", "matched-baseline", "ngram"}  # fp8 has no ngram-gpu or draft arm
     row = table[(table["point"] == "copy:0:1") & (table["figure"] == "multiplier")].iloc[0]
 
@@ -50,6 +52,27 @@ def test_the_change_is_the_ratio_of_geometric_means_over_starts_with_the_pooled_
     assert row["outcome"] == "inconclusive" and row["over"] == "engine starts (pooled spread)"
 
 
+def test_acceptance_length_is_held_to_the_reference_bar_from_the_raw_counters():
+    """fp8 weights leave ngram's acceptance length where bf16 has it; an fp8 KV cache moves it past the bar. Worked
+    from the counters: 1 + accepted / drafts of each ledger's pass (bf16 sums two starts' passes over the same
+    43 prompts, fp8 KV has one), against bf16's ±acceptance_length_abs."""
+    bf16 = load_ledger(BF16)
+    kv = compare_acceptance(bf16, load_ledger(FP8_KV))
+    weights = compare_acceptance(bf16, load_ledger(FP8))
+    assert set(weights["outcome"]) == {"holds"} and len(weights) == 5  # ngram at every shared point
+    assert list(kv["point"]) == ["copy:0:1", "copy:0:8"] and set(kv["outcome"]) == {"changed"}
+    bar = bf16.tolerances["acceptance_length_abs"]
+    for row in kv.itertuples():
+        key = (row.point.split(":")[0], 0.0, int(row.point.split(":")[2]))
+        lengths = []
+        for ledger in (bf16, load_ledger(FP8_KV)):
+            acc = ledger.find_point(*key)["arms"]["ngram"]["acceptance"]
+            lengths.append(1 + acc["accepted_tokens"] / acc["drafts"])
+        assert abs(row.reference - lengths[0]) < 5e-4 and abs(row.other - lengths[1]) < 5e-4
+        assert abs(lengths[1] - lengths[0]) > bar and row.bar == (round(row.reference - bar, 3),
+                                                                  round(row.reference + bar, 3))
+
+
 def test_ledgers_without_a_spread_are_compared_over_windows_and_say_so():
     table = compare_ledgers(load_ledger(ROOT / "ledgers" / "cpu-smollm2.json"), load_ledger(FP8))
     assert not table.empty and set(table["over"]) == {"windows of one start each"}
@@ -59,6 +82,7 @@ def test_cli_prints_the_differing_condition_and_fails_without_a_shared_point(cap
     assert main(["compare", str(BF16), str(FP8)]) == 0
     out = capsys.readouterr().out
     assert "target.quantization: None -> 'fp8'" in out and "copy:0:8" in out
+    assert "Acceptance length" in out
     planned = ROOT / "ledgers" / "h200-qwen2.5-coder-1.5b-policy.json"
     assert load_ledger(planned).points == []
     assert main(["compare", str(BF16), str(planned)]) == 1
@@ -75,8 +99,17 @@ def test_the_change_plot_draws_every_row_in_its_panel_and_refuses_an_empty_table
     fig = change_figure(table, "fp8 against bf16")
     multiplier_ax, throughput_ax = fig.axes[:2]
     rows = {t.get_text(): t.get_position()[1] for t in multiplier_ax.get_yticklabels()}
-    assert rows.keys() == {"copy:0:1 ngram", "copy:0:8 ngram"} and rows["copy:0:1 ngram"] > rows["copy:0:8 ngram"]
-    assert len(throughput_ax.get_yticklabels()) == (table["figure"] != "multiplier").sum() == 6
+    assert rows.keys() == {f"{p} ngram" for p in ("copy:0:1", "copy:0:4", "copy:0:8", "copy:0:64", "free-form:0:8")}
+    assert rows["copy:0:1 ngram"] > rows["copy:0:8 ngram"]  # in the reference's order, top down
+    assert len(throughput_ax.get_yticklabels()) == (table["figure"] != "multiplier").sum() == 15
+    assert len(fig.axes) == 2  # no acceptance table: no acceptance panel
+    kv_acceptance = compare_acceptance(load_ledger(BF16), load_ledger(FP8_KV))
+    kv = change_figure(compare_ledgers(load_ledger(BF16), load_ledger(FP8_KV)), "fp8 KV", kv_acceptance)
+    acceptance_ax = kv.axes[2]
+    assert [t.get_text() for t in acceptance_ax.get_yticklabels()] == ["copy:0:1 ngram", "copy:0:8 ngram"]
+    dots = [line for line in acceptance_ax.get_lines() if line.get_marker() == "o" and len(line.get_xdata())]
+    assert sorted(float(d.get_xdata()[0]) for d in dots) == sorted(kv_acceptance["other"])
+    assert {d.get_color() for d in dots} == {"tab:red"}  # changed
     path = write_change_plot(table, "fp8 against bf16", tmp_path / "plots" / "change.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(NothingToPlot, match="share no point"):

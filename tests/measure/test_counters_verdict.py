@@ -438,6 +438,11 @@ def test_acceptance_lengths_of_different_tokens_are_shown_not_asserted():
     assert "covered 40 prompts, this one 43" in verdict.compare_point(ledger, "spec", committed, fresh).message("t")
     committed["arms"]["spec"]["acceptance"]["requests"] = 43  # the same pass: asserted, and 2.0 is out
     assert verdict.compare_point(ledger, "spec", committed, fresh).outcome == "failed"
+    committed["arms"]["spec"]["acceptance"]["requests"] = 86  # two starts' passes over the same 43 prompts
+    assert verdict.compare_point(ledger, "spec", committed, fresh).outcome == "failed"
+    same_length = committed["arms"]["spec"]["acceptance"]["acceptance_length"]
+    fresh["arms"]["spec"]["acceptance"]["acceptance_length"] = same_length
+    assert [c.metric for c in verdict.compare_point(ledger, "spec", committed, fresh).checks] == ["acceptance_length"]
 
 
 def test_two_window_acceptance_lengths_are_shown_not_asserted_but_no_drafts_still_fails():
