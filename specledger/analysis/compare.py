@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from specledger.analysis.verdict import compare_point, speed_verdicts
+from specledger.analysis.verdict import acceptance_sources_differ, compare_point, speed_verdicts
 from specledger.ledger import Ledger
 from specledger.ledger.figures import start_spread
 from specledger.ledger.selection import point_label
@@ -47,6 +47,15 @@ def _leaves(value: Any, path: str) -> Iterator[tuple[str, Any]]:
 def _shared_arms(reference: Ledger, other: Ledger) -> list[str]:
     names = {a["name"] for a in other.arms}
     return [a["name"] for a in reference.arms if a["name"] in names]
+
+
+def _shared_points(reference: Ledger, other: Ledger) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(label, reference's point, other's point) for each point both measured, in the reference's order."""
+    for mine in reference.points:
+        key = Ledger.point_key(mine)
+        theirs = other.find_point(*key)
+        if theirs is not None:
+            yield point_label(key), mine, theirs
 
 
 def condition_differences(reference: Ledger, other: Ledger) -> dict[str, tuple[Any, Any]]:
@@ -80,17 +89,13 @@ def compare_ledgers(reference: Ledger, other: Ledger) -> pd.DataFrame:
     # speed_verdicts judges that figure with): once per ledger, not per point.
     pooled = {(arm, figure): start_spread(reference.data, arm, figure) is not None
               for arm in arms for figure in ("multiplier", "output_tokens_per_s")}
-    for mine in reference.points:
-        key = Ledger.point_key(mine)
-        theirs = other.find_point(*key)
-        if theirs is None:
-            continue
+    for label, mine, theirs in _shared_points(reference, other):
         for arm in arms:
             for figure in speed_verdicts(reference, arm, committed=mine, measured=theirs):
                 v = figure.verdict
                 spread = pooled[arm, "multiplier" if figure.metric == "multiplier" else "output_tokens_per_s"]
                 rows.append({
-                    "point": point_label(key), "arm": arm, "figure": figure.metric,
+                    "point": label, "arm": arm, "figure": figure.metric,
                     "reference": round(figure.committed.value, 3),
                     "reference_ci95": (round(figure.committed.low, 3), round(figure.committed.high, 3)),
                     "other": round(figure.fresh.value, 3),
@@ -113,25 +118,22 @@ def compare_acceptance(reference: Ledger, other: Ledger) -> pd.DataFrame:
     Why apart from the speed table: acceptance length barely moves between leases (4.44-4.46 on every H100 start of
     copy), so a condition that moves it shows here while the tokens/s it costs are still hidden by the leases."""
     rows = []
-    arms = [a for a in _shared_arms(reference, other)
-            if reference.arm(a)["role"] not in ("baseline", "matched-baseline")]
-    for mine in reference.points:
-        key = Ledger.point_key(mine)
-        theirs = other.find_point(*key)
-        if theirs is None:
-            continue
+    speculative = {a["name"] for a in reference.speculative_arms()}
+    arms = [a for a in _shared_arms(reference, other) if a in speculative]
+    for label, mine, theirs in _shared_points(reference, other):
         for arm in arms:
-            result = compare_point(reference, arm, committed=mine, measured=theirs)
-            check = next((c for c in result.checks if c.metric == "acceptance_length"), None)
-            ref_len = (mine["arms"].get(arm, {}).get("acceptance") or {}).get("acceptance_length")
-            other_len = ((theirs["arms"].get(arm) or {}).get("acceptance") or {}).get("acceptance_length")
-            if ref_len is None or other_len is None:
+            c_arm, m_arm = mine["arms"].get(arm) or {}, theirs["arms"].get(arm) or {}
+            c_acc, m_acc = c_arm.get("acceptance") or {}, m_arm.get("acceptance") or {}
+            if c_acc.get("acceptance_length") is None or m_acc.get("acceptance_length") is None:
                 continue
-            why_not = next((n.split("not asserted: ", 1)[1] for n in result.notes
-                            if n.startswith("acceptance_length:") and "not asserted: " in n), None)
+            ref_len, other_len = float(c_acc["acceptance_length"]), float(m_acc["acceptance_length"])
+            why_not = acceptance_sources_differ(c_acc, m_acc, committed_requests=c_arm.get("requests"),
+                                                measured_requests=m_arm.get("requests"))
+            check = next((c for c in compare_point(reference, arm, committed=mine, measured=theirs).checks
+                          if c.metric == "acceptance_length"), None)
             rows.append({
-                "point": point_label(key), "arm": arm, "reference": round(float(ref_len), 3),
-                "other": round(float(other_len), 3), "change": round(float(other_len) - float(ref_len), 3),
+                "point": label, "arm": arm, "reference": round(ref_len, 3), "other": round(other_len, 3),
+                "change": round(other_len - ref_len, 3),
                 "bar": (round(check.low, 3), round(check.high, 3)) if check else None,
                 "outcome": ("holds" if check.ok else "changed") if check else f"not asserted: {why_not}",
             })

@@ -40,7 +40,7 @@ def change_figure(table: pd.DataFrame, title: str, acceptance: pd.DataFrame | No
     axes = fig.subplots(1, panels, squeeze=False)[0]
     if panels > len(kinds):
         _acceptance_panel(axes[-1], asserted)
-    for ax, (name, rows) in zip(axes, kinds, strict=False):
+    for ax, (name, rows) in zip(axes[:len(kinds)], kinds, strict=True):
         labels = [f"{r.point} {r.arm}" for r in rows.itertuples()]
         y = list(range(len(rows)))[::-1]
         tolerance = float(rows["tolerance_pct"].iloc[0]) / 100
