@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from specledger.analysis.verdict import acceptance_sources_differ, compare_point, speed_verdicts
+from specledger.analysis.verdict import acceptance_check, speed_verdicts
 from specledger.ledger import Ledger
 from specledger.ledger.figures import start_spread
 from specledger.ledger.selection import point_label
@@ -111,7 +111,7 @@ def compare_ledgers(reference: Ledger, other: Ledger) -> pd.DataFrame:
 
 def compare_acceptance(reference: Ledger, other: Ledger) -> pd.DataFrame:
     """One row per shared point and speculative arm: each ledger's acceptance length and the change against the
-    reference's absolute bar, judged as a verification judges it (``verdict.compare_point``: the acceptance pass
+    reference's absolute bar, judged as a verification judges it (``verdict.acceptance_check``: the acceptance pass
     counts the same prompts on both sides, so the bar is exact). Where the two figures count different tokens the
     row says why and asserts nothing.
 
@@ -123,14 +123,12 @@ def compare_acceptance(reference: Ledger, other: Ledger) -> pd.DataFrame:
     for label, mine, theirs in _shared_points(reference, other):
         for arm in arms:
             c_arm, m_arm = mine["arms"].get(arm) or {}, theirs["arms"].get(arm) or {}
-            c_acc, m_acc = c_arm.get("acceptance") or {}, m_arm.get("acceptance") or {}
-            if c_acc.get("acceptance_length") is None or m_acc.get("acceptance_length") is None:
+            ref_len = (c_arm.get("acceptance") or {}).get("acceptance_length")
+            other_len = (m_arm.get("acceptance") or {}).get("acceptance_length")
+            if ref_len is None or other_len is None:
                 continue
-            ref_len, other_len = float(c_acc["acceptance_length"]), float(m_acc["acceptance_length"])
-            why_not = acceptance_sources_differ(c_acc, m_acc, committed_requests=c_arm.get("requests"),
-                                                measured_requests=m_arm.get("requests"))
-            check = next((c for c in compare_point(reference, arm, committed=mine, measured=theirs).checks
-                          if c.metric == "acceptance_length"), None)
+            ref_len, other_len = float(ref_len), float(other_len)
+            check, why_not = acceptance_check(c_arm, m_arm, float(reference.tolerances["acceptance_length_abs"]))
             rows.append({
                 "point": label, "arm": arm, "reference": round(ref_len, 3), "other": round(other_len, 3),
                 "change": round(other_len - ref_len, 3),

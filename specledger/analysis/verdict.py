@@ -226,21 +226,13 @@ def compare_point(ledger: Ledger, arm: str, committed: Mapping[str, Any], measur
     # its interval decides nothing)
     if result.figures and not_comparable is None and all(f.verdict.unit == "repeats" for f in result.figures):
         result.notes.append(ONE_START_EACH)
-    c_acc, m_acc = c_arm.get("acceptance") or {}, m_arm.get("acceptance") or {}
-    if c_acc.get("acceptance_length") is not None:
-        absl = float(tol["acceptance_length_abs"])
-        c = float(c_acc["acceptance_length"])
-        m = m_acc.get("acceptance_length")
-        other_tokens = acceptance_sources_differ(c_acc, m_acc, committed_requests=c_arm.get("requests"),
-                                                 measured_requests=m_arm.get("requests"))
-        if m is None:
-            result.checks.append(Check("acceptance_length", c, float("nan"), c - absl, c + absl,
-                                       "no drafts were counted in the measurement"))
-        elif other_tokens:
-            result.notes.append(f"acceptance_length: measured {float(m):.3f}, committed {c:.3f}; not asserted: "
-                                f"{other_tokens}")
-        else:
-            result.checks.append(Check("acceptance_length", c, float(m), c - absl, c + absl, f"±{absl:g}"))
+    check, other_tokens = acceptance_check(c_arm, m_arm, float(tol["acceptance_length_abs"]))
+    if check is not None:
+        result.checks.append(check)
+    elif other_tokens:
+        c, m = c_arm["acceptance"]["acceptance_length"], m_arm["acceptance"]["acceptance_length"]
+        result.notes.append(f"acceptance_length: measured {float(m):.3f}, committed {float(c):.3f}; not asserted: "
+                            f"{other_tokens}")
     if ledger.arm(arm)["role"] == "policy":
         from specledger.analysis.policy_bar import policy_checks  # it builds on Check, defined here
 
@@ -267,6 +259,27 @@ def compare_point(ledger: Ledger, arm: str, committed: Mapping[str, Any], measur
         if parts:
             result.notes.append(f"{label}: " + ", ".join(parts))
     return result
+
+
+def acceptance_check(committed_arm: Mapping[str, Any], measured_arm: Mapping[str, Any], bar_abs: float
+                     ) -> tuple[Check | None, str | None]:
+    """One arm's acceptance length held to the committed value ± ``bar_abs``: (the check, None), or (None, why it is
+    not asserted) when the two figures count other tokens, or (None, None) when nothing was committed. A measurement
+    that counted no drafts is a failing check. Its own function so that `compare_point` and `analysis.compare` judge
+    the bar one way, and comparing two ledgers need not recompute their speed verdicts for it."""
+    c_acc, m_acc = committed_arm.get("acceptance") or {}, measured_arm.get("acceptance") or {}
+    if c_acc.get("acceptance_length") is None:
+        return None, None
+    c = float(c_acc["acceptance_length"])
+    m = m_acc.get("acceptance_length")
+    if m is None:
+        return Check("acceptance_length", c, float("nan"), c - bar_abs, c + bar_abs,
+                     "no drafts were counted in the measurement"), None
+    other_tokens = acceptance_sources_differ(c_acc, m_acc, committed_requests=committed_arm.get("requests"),
+                                             measured_requests=measured_arm.get("requests"))
+    if other_tokens:
+        return None, other_tokens
+    return Check("acceptance_length", c, float(m), c - bar_abs, c + bar_abs, f"±{bar_abs:g}"), None
 
 
 def acceptance_sources_differ(committed: Mapping[str, Any], measured: Mapping[str, Any], *,
