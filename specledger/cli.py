@@ -176,6 +176,54 @@ def cmd_show(args: argparse.Namespace) -> int:
     return EXIT_PROBLEMS if invalid else EXIT_OK
 
 
+def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
+    _paths_argument(parser)
+    parser.add_argument("--points", metavar="W:T:C,...", help="only these points, as --ledger-points selects them")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--only-missing", action="store_true",
+                       help="only the points each ledger has not recorded (--ledger-record --ledger-only-missing)")
+    which.add_argument("--verify", action="store_true",
+                       help="only the points each ledger has recorded (what a verification measures)")
+
+
+@command("estimate", "how long a record or verification of the ledgers' points will take, from the seconds their "
+         "earlier runs kept (model build, engine starts, each point): a --ledger-budget-s to give each run",
+         _estimate_arguments)
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from specledger.ledger.selection import SelectionError, parse_point_selection
+    from specledger.measure.visit_time import estimate_run
+
+    try:
+        selectors = parse_point_selection(args.points)
+    except SelectionError as e:
+        raise _UsageError(str(e)) from None
+    ledgers, invalid = _load_valid_ledgers(args.paths)
+
+    def seconds(value: float | None) -> str:
+        return "unknown" if value is None else f"{value:.0f} s"
+
+    totals: list[float | None] = []
+    longest: list[float | None] = []
+    for ledger in ledgers:
+        run = estimate_run(ledger, selectors, only_missing=args.only_missing, verify=args.verify)
+        totals.append(run.total_s)
+        longest.append(run.up_to_s)
+        build = ("none timed: add the model's build if this run is the visit's first" if run.model_build_s is None
+                 else seconds(run.model_build_s))
+        longer = "" if run.up_to_s == run.total_s else f", up to {seconds(run.up_to_s)}"
+        print(f"{ledger.id}: {seconds(run.total_s)}{longer} ({len(run.points)} point(s); engine starts "
+              f"{seconds(run.engine_starts_s)}; model build {build})")
+        for point in run.points:
+            print(f"  {point.label}: {seconds(point.seconds)} ({point.source})")
+    if len(ledgers) > 1:
+        known = [t for t in totals if t is not None]
+        up_to = sum(t for t in longest if t is not None)
+        print(f"one after another: {sum(known):.0f} s, up to {up_to:.0f} s" + ("" if len(known) == len(totals) else
+              f" for the {len(known)} ledger(s) whose times are known") +
+              " (a model built by an earlier run of the same visit is not built again)")
+    return EXIT_PROBLEMS if invalid else EXIT_OK
+
+
 def _compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("reference", metavar="REFERENCE", help="the ledger to compare against (e.g. the bf16 one)")
     parser.add_argument("other", metavar="OTHER", help="the ledger with the condition under test (e.g. fp8 weights)")

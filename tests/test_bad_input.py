@@ -193,6 +193,7 @@ COMMANDS = {
     "import-bench": lambda path, tmp: ["import-bench", path, "--id", "x", "-o", str(tmp / "out.json")],
     "pool-starts": lambda path, tmp: ["pool-starts", path, "-o", str(tmp / "pooled.json")],
     "compare": lambda path, tmp: ["compare", str(SMALL), path],
+    "estimate": lambda path, tmp: ["estimate", path],
 }
 
 

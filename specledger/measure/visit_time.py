@@ -1,0 +1,96 @@
+"""How long a record or verification of a ledger's points will take, from the ledger's own earlier runs.
+
+Why: GPU time comes in fixed leases (30 minutes a session here; a nightly job has its own timeout), and a run
+that overruns loses the point it was measuring. Each run keeps what it spent in ``provenance.runs[].time_s``
+(model build, engine starts, each point's wall time), so the next run's ``--ledger-budget-s`` and the timeout
+around it can come from measured seconds instead of memory. Each estimate takes the slowest start and the slowest
+recorded time of each point (a point never measured: the ledger's slowest point). A point's time depends on how many
+repeats settled it (on the H200, fp8 copy c=8 took 77 s at 6 windows, c=4 124 s at 10), so the upper figure gives
+every point the slowest point's time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from specledger.ledger import Ledger
+from specledger.ledger.selection import PointSelector, point_label, points
+from specledger.measure.recording import recorded_point_seconds
+
+__all__ = ["LedgerRunTime", "PointTime", "estimate_run"]
+
+
+@dataclass(frozen=True)
+class PointTime:
+    """One point's expected wall seconds (all arms, warm-up and added repeats), and where the figure comes from."""
+
+    label: str
+    seconds: float | None
+    source: str
+    up_to_s: float | None
+    """The ledger's slowest point when that is longer: the point may need as many repeats in this run."""
+
+
+@dataclass(frozen=True)
+class LedgerRunTime:
+    """A run of one ledger's selected points: model build, engine starts, points, and their sum (None: unknown;
+    a model build no run timed counts as none, since only the first run of a visit builds the model)."""
+
+    ledger_id: str
+    model_build_s: float | None
+    engine_starts_s: float | None
+    points: tuple[PointTime, ...]
+
+    def _sum(self, point_seconds: list[float | None]) -> float | None:
+        """Seconds from the session's start to its last point: what ``--ledger-budget-s`` counts. No points, no
+        engines: a run with nothing to measure starts none."""
+        if not self.points:
+            return 0.0
+        parts = [self.model_build_s or 0.0, self.engine_starts_s, *point_seconds]
+        return None if any(p is None for p in parts) else sum(p for p in parts if p is not None)
+
+    @property
+    def total_s(self) -> float | None:
+        return self._sum([p.seconds for p in self.points])
+
+    @property
+    def up_to_s(self) -> float | None:
+        """The total when every point takes as long as the ledger's slowest."""
+        return self._sum([p.up_to_s for p in self.points])
+
+
+def _slowest(runs: Iterable[Mapping[str, Any]], field: str) -> float | None:
+    """The longest ``time_s.<field>`` of the runs; a 0 is work another run of the same visit did (the model it had
+    built, the engines it shared), not a time this ledger's run can count on."""
+    values = [float(v) for run in runs if isinstance(v := (run.get("time_s") or {}).get(field), (int, float)) and v > 0]
+    return max(values, default=None)
+
+
+def estimate_run(ledger: Ledger, selectors: list[PointSelector] | None = None, *,
+                 only_missing: bool = False, verify: bool = False) -> LedgerRunTime:
+    """The expected seconds of a run over ``ledger``'s points chosen by ``selectors`` (the ``--ledger-points``
+    grammar), in the order the run takes them; ``only_missing``: only those the ledger has not recorded, as
+    ``--ledger-record --ledger-only-missing`` does; ``verify``: only those it has (a verification skips the rest)."""
+    if only_missing and verify:
+        raise ValueError("only_missing and verify select disjoint points: give one")
+    prov = ledger.data.get("provenance") or {}
+    runs = prov.get("runs") or []
+    keys = list(dict.fromkeys(p.key for p in points(ledger, selectors)))
+    if only_missing or verify:
+        keys = [k for k in keys if (ledger.find_point(*k) is None) == only_missing]
+    measured = (point_label((p["workload"], p.get("temperature"), p.get("concurrency"))) for p in ledger.points)
+    recorded = {label: recorded_point_seconds(prov, label) for label in measured}
+    slowest = max((s for s in recorded.values() if s is not None), default=None)
+    chosen = []
+    for key in keys:
+        label = point_label(key)
+        own = recorded.get(label)
+        if own is not None:
+            chosen.append(PointTime(label, own, "recorded", max(own, slowest or own)))
+        elif slowest is not None:
+            chosen.append(PointTime(label, slowest, "the ledger's slowest point", slowest))
+        else:
+            chosen.append(PointTime(label, None, "no run of this ledger kept its times", None))
+    return LedgerRunTime(ledger.id, _slowest(runs, "model_build"), _slowest(runs, "engine_starts"), tuple(chosen))

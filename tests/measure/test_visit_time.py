@@ -1,0 +1,71 @@
+"""specledger.measure.visit_time and `specledger estimate`: a run's expected seconds from the ledger's earlier runs."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from repo_paths import SMALL
+
+from specledger.cli import main
+from specledger.ledger import Ledger
+from specledger.ledger.selection import parse_point_selection
+from specledger.measure.visit_time import estimate_run
+
+
+def _runs_ledger(runs: list[dict[str, Any]], concurrencies: tuple[int, ...] = (1, 4, 8, 16)) -> dict[str, Any]:
+    """The small measured ledger (copy c=1, 4, 16) with c=8 planned but not recorded, and these runs kept."""
+    data = copy.deepcopy(json.loads(SMALL.read_text()))
+    data["sweep"]["concurrencies"] = list(concurrencies)
+    data["provenance"]["runs"] = runs
+    return data
+
+
+def _run(points: dict[str, float], model_build: float, engine_starts: float) -> dict[str, Any]:
+    return {"started": "2026-12-06T20:00:00+00:00", "date": "2026-12-06T20:10:00+00:00", "points": list(points),
+            "time_s": {"model_build": model_build, "engine_starts": engine_starts, "point_wall_s": points}}
+
+
+RUNS = [_run({"copy:0:1": 70.0, "copy:0:4": 120.0}, model_build=34.0, engine_starts=118.0),
+        # the same visit's second run: the model was built already, the engines started faster
+        _run({"copy:0:16": 90.0, "copy:0:1": 80.0}, model_build=0.0, engine_starts=81.0)]
+
+
+def test_recorded_points_take_their_slowest_time_and_the_slowest_start() -> None:
+    run = estimate_run(Ledger(None, _runs_ledger(RUNS)), parse_point_selection("copy:0:1,copy:0:16"))
+    assert [(p.label, p.seconds, p.source) for p in run.points] == [("copy:0:1", 80.0, "recorded"),
+                                                                    ("copy:0:16", 90.0, "recorded")]
+    assert (run.model_build_s, run.engine_starts_s) == (34.0, 118.0)  # the 0 of the second run is not a build time
+    assert run.total_s == pytest.approx(34.0 + 118.0 + 80.0 + 90.0)
+    # every point as slow as the slowest (copy:0:4, 120 s): it may need as many repeats this time
+    assert run.up_to_s == pytest.approx(34.0 + 118.0 + 120.0 + 120.0)
+
+
+def test_only_missing_and_verify_split_the_grid() -> None:
+    ledger = Ledger(None, _runs_ledger(RUNS))
+    missing = estimate_run(ledger, only_missing=True)
+    assert [(p.label, p.seconds, p.source) for p in missing.points] == [("copy:0:8", 120.0,
+                                                                         "the ledger's slowest point")]
+    assert [p.label for p in estimate_run(ledger, verify=True).points] == ["copy:0:1", "copy:0:4", "copy:0:16"]
+    with pytest.raises(ValueError):
+        estimate_run(ledger, only_missing=True, verify=True)
+
+
+def test_a_ledger_without_kept_times_is_unknown_and_nothing_to_measure_is_zero() -> None:
+    unknown = estimate_run(Ledger(None, _runs_ledger([])))
+    assert unknown.total_s is None and all(p.seconds is None for p in unknown.points)
+    nothing = estimate_run(Ledger(None, _runs_ledger(RUNS, concurrencies=(1, 4, 16))), only_missing=True)
+    assert nothing.points == () and nothing.total_s == 0.0
+
+
+def test_cli_prints_each_point_and_the_sum(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(_runs_ledger(RUNS)))
+    assert main(["estimate", str(path), "--only-missing"]) == 0
+    out = capsys.readouterr().out
+    assert "test-small: 272 s (1 point(s); engine starts 118 s; model build 34 s)" in out
+    assert "copy:0:8: 120 s (the ledger's slowest point)" in out
+    assert main(["estimate", str(path), "--points", "copy:x:1"]) == 2
+    assert "--ledger-points 'copy:x:1'" in capsys.readouterr().err
