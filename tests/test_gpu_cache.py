@@ -5,6 +5,8 @@ and keeping it would have replaced the good cache with one that cannot be unpack
 """
 from __future__ import annotations
 
+import gzip
+import os
 import subprocess
 from pathlib import Path
 
@@ -20,9 +22,21 @@ def _keep(src: Path, work: Path, home: Path) -> subprocess.CompletedProcess[str]
 
 
 def _parts(folder: Path, numbers: list[int], content: str) -> None:
+    """Stand-in parts whose bytes are not a gzip stream: for the checks that come before unpacking."""
     folder.mkdir(parents=True, exist_ok=True)
     for n in numbers:
         (folder / f"compile-cache.tgz.{n:02d}").write_text(f"{content}{n}")
+
+
+def _gzip_parts(folder: Path, count: int) -> list[bytes]:
+    """A real gzip stream (incompressible, so it spans every part) cut into `count` parts, as gpu-visit packs one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stream = gzip.compress(os.urandom(64 * 1024))
+    size = -(-len(stream) // count)
+    chunks = [stream[i * size:(i + 1) * size] for i in range(count)]
+    for n, chunk in enumerate(chunks):
+        (folder / f"compile-cache.tgz.{n:02d}").write_bytes(chunk)
+    return chunks
 
 
 def test_parts_with_a_gap_leave_the_kept_cache_alone(tmp_path: Path) -> None:
@@ -37,11 +51,24 @@ def test_parts_with_a_gap_leave_the_kept_cache_alone(tmp_path: Path) -> None:
     assert (work / ".compile-cache" / "compile-cache.tgz.00").read_text() == "good0"
 
 
+def test_a_last_part_left_out_leaves_the_kept_cache_alone(tmp_path: Path) -> None:
+    """Parts .00-.02 of .00-.03 have no gap, yet do not unpack: the joined stream is tested, not only the names."""
+    work, home, returned = tmp_path / "work", tmp_path / "home", tmp_path / "returned"
+    _parts(work / ".compile-cache", [0, 1, 2], "good")
+    _gzip_parts(returned, 4)
+    (returned / "compile-cache.tgz.03").unlink()
+    result = _keep(returned, work, home)
+    assert result.returncode == 1
+    assert "whole gzip stream" in result.stderr
+    assert (work / ".compile-cache" / "compile-cache.tgz.00").read_text() == "good0"
+    assert not home.exists() or not any(home.iterdir())
+
+
 def test_whole_parts_replace_the_kept_cache(tmp_path: Path) -> None:
     work, home, returned = tmp_path / "work", tmp_path / "home", tmp_path / "returned"
     _parts(work / ".compile-cache", [0, 1, 2], "old")
-    _parts(returned, [0, 1], "new")
+    chunks = _gzip_parts(returned, 2)
     result = _keep(returned, work, home)
     assert result.returncode == 0, result.stderr
     for folder in (work / ".compile-cache", home):
-        assert sorted(p.read_text() for p in folder.iterdir()) == ["new0", "new1"]
+        assert [p.read_bytes() for p in sorted(folder.iterdir())] == chunks
