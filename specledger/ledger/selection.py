@@ -17,7 +17,7 @@ from specledger.errors import SpecledgerError
 from specledger.ledger.io import iter_ledger_paths
 from specledger.ledger.model import Ledger
 
-__all__ = ["LedgerPoint", "PointSelector", "SelectionError", "ledger_paths", "parse_endpoints",
+__all__ = ["LedgerPoint", "PointSelector", "SelectionError", "ledger_paths", "mode_skip_reason", "parse_endpoints",
            "parse_point_selection", "point_label", "point_selected", "point_test_id", "points", "selector_rank",
            "skip_reason"]
 
@@ -133,13 +133,22 @@ def points(ledger: Ledger, selectors: list[PointSelector] | None = None) -> Iter
             yield LedgerPoint(ledger, arm["name"], *key)
 
 
+def mode_skip_reason(ledger: Ledger, key: tuple[str, float, int], *, record: bool, only_missing: bool) -> str | None:
+    """Why a run in this mode has nothing to measure at ``key``, from the ledger alone: what `skip_reason` decides
+    before its session's budget, and what `specledger estimate` selects by without a session."""
+    committed = ledger.find_point(*key)
+    if record and only_missing and committed is not None:
+        return "already recorded (--ledger-only-missing)"
+    if not record and committed is None:
+        return "no committed figures for this point; run with --ledger-record"
+    return None
+
+
 def skip_reason(session: Any, point: LedgerPoint) -> str | None:
     """Why this point has nothing to measure in this mode (decided before any engine or timer starts)."""
-    committed = point.ledger.find_point(*point.key)
-    if session.record and session.only_missing and committed is not None:
-        return f"{point.test_id}: already recorded (--ledger-only-missing)"
-    if not session.record and committed is None:
-        return f"{point.test_id}: no committed figures for this point; run with --ledger-record"
+    reason = mode_skip_reason(point.ledger, point.key, record=session.record, only_missing=session.only_missing)
+    if reason is not None:
+        return f"{point.test_id}: {reason}"
     if session.cached(point.ledger, point.key) is None:
         return session.over_budget(point.ledger, point.key)
     return None

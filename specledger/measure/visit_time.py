@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specledger.ledger import Ledger
-from specledger.ledger.selection import PointSelector, point_label, points
+from specledger.ledger.selection import PointSelector, mode_skip_reason, point_label, points
 from specledger.measure.recording import recorded_point_seconds
 
 __all__ = ["LedgerRunTime", "PointTime", "estimate_run"]
@@ -78,8 +78,7 @@ def estimate_run(ledger: Ledger, selectors: list[PointSelector] | None = None, *
     prov = ledger.data.get("provenance") or {}
     runs = prov.get("runs") or []
     keys = list(dict.fromkeys(p.key for p in points(ledger, selectors)))
-    if only_missing or verify:
-        keys = [k for k in keys if (ledger.find_point(*k) is None) == only_missing]
+    keys = [k for k in keys if mode_skip_reason(ledger, k, record=not verify, only_missing=only_missing) is None]
     measured = (point_label((p["workload"], p.get("temperature"), p.get("concurrency"))) for p in ledger.points)
     recorded = {label: recorded_point_seconds(prov, label) for label in measured}
     slowest = max((s for s in recorded.values() if s is not None), default=None)
