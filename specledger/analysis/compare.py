@@ -120,6 +120,7 @@ def compare_acceptance(reference: Ledger, other: Ledger) -> pd.DataFrame:
     rows = []
     speculative = {a["name"] for a in reference.speculative_arms()}
     arms = [a for a in _shared_arms(reference, other) if a in speculative]
+    bar_abs = float(reference.tolerances["acceptance_length_abs"])
     for label, mine, theirs in _shared_points(reference, other):
         for arm in arms:
             c_arm, m_arm = mine["arms"].get(arm) or {}, theirs["arms"].get(arm) or {}
@@ -128,7 +129,7 @@ def compare_acceptance(reference: Ledger, other: Ledger) -> pd.DataFrame:
             if ref_len is None or other_len is None:
                 continue
             ref_len, other_len = float(ref_len), float(other_len)
-            check, why_not = acceptance_check(c_arm, m_arm, float(reference.tolerances["acceptance_length_abs"]))
+            check, why_not = acceptance_check(c_arm, m_arm, bar_abs)
             rows.append({
                 "point": label, "arm": arm, "reference": round(ref_len, 3), "other": round(other_len, 3),
                 "change": round(other_len - ref_len, 3),
