@@ -42,6 +42,10 @@ would call equal machines different), hypervisor (a cpu flag, so a change alread
 kernel that names new flags changes the hash too: that errs towards "not comparable", the safe side.
 """
 
+HOST_KEYS: tuple[str, ...] = COMPARABLE_KEYS[:6]
+"""The comparable keys the host tells without an engine (the CPU's design and flags, the CPUs this process may use):
+a difference in them is known before any engine starts. The GPU, driver, engine and torch come from the engines."""
+
 
 VECTOR_FLAGS: frozenset[str] = frozenset({
     "avx", "avx2", "fma", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
@@ -115,11 +119,13 @@ def machine_fingerprint(*, accelerator: Mapping[str, Any] | None = None, engine:
     }
 
 
-def differences(recorded: Mapping[str, Any] | None, current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """Comparable key -> (recorded, current) where they differ. A ledger without a fingerprint, or without a key,
-    counts as different for it: a machine nobody recorded is not known to be this one."""
+def differences(recorded: Mapping[str, Any] | None, current: Mapping[str, Any],
+                keys: tuple[str, ...] = COMPARABLE_KEYS) -> dict[str, tuple[Any, Any]]:
+    """Comparable key -> (recorded, current) where they differ (``keys``: `HOST_KEYS` before the engines are up).
+    A ledger without a fingerprint, or without a key, counts as different for it: a machine nobody recorded is not
+    known to be this one."""
     out: dict[str, tuple[Any, Any]] = {}
-    for key in COMPARABLE_KEYS:
+    for key in keys:
         if recorded is None or key not in recorded or recorded[key] != current.get(key):
             out[key] = (None if recorded is None else recorded.get(key), current.get(key))
     return out

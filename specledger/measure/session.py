@@ -100,6 +100,7 @@ class SuiteSession:
                                compile_first=compile_first)
         self.results: list[tuple[str, Any]] = []
         self._machines: dict[str, dict[str, Any] | None] = {}
+        self._host: dict[str, Any] | None = None  # this host's fingerprint without engines (start_elsewhere)
         self._cache: dict[tuple[str, tuple[str, float, int]], procedure.PointMeasurement] = {}
         self._recorded: dict[str, Ledger] = {}
         self._started = time.monotonic()
@@ -170,6 +171,19 @@ class SuiteSession:
         recorded = self._recorded_machine(ledger, key)
         diff = fingerprint.differences(recorded, current)
         return f"another machine: {fingerprint.describe_differences(diff, recorded, current)}" if diff else None
+
+    def start_elsewhere(self, ledger: Ledger, key: tuple[str, float, int]) -> str | None:
+        """With ``add_start``: why this run's start of point ``key`` cannot join the ledger's, as far as the host
+        tells before any engine starts (None: it may; the GPU, driver and engine are compared again when the start
+        is stored). Why: a 2026-12-06 H100 visit measured three points for 340 s on another host, each refused only
+        when stored."""
+        if not self.add_start or self.http is not None or ledger.find_point(*key) is None:
+            return None
+        if self._host is None:
+            self._host = fingerprint.machine_fingerprint()
+        recorded = self._recorded_machine(ledger, key)
+        diff = fingerprint.differences(recorded, self._host, keys=fingerprint.HOST_KEYS)
+        return f"another machine: {fingerprint.describe_differences(diff, recorded, self._host)}" if diff else None
 
     def host_note(self, ledger: Ledger, key: tuple[str, float, int] | None = None) -> str | None:
         """The host's speed here beside the recording run's, for the verdict's notes (None: not known for both)."""
@@ -262,6 +276,10 @@ class SuiteSession:
                                "later point of this ledger would be refused with it")
         if cache_key not in self._cache:
             self._refuse_known_failure(ledger, key)
+            elsewhere = self.start_elsewhere(ledger, key)
+            if elsewhere is not None:  # before any engine starts or window runs
+                raise replication.StartMismatch(f"{ledger.path}: point {point_label(key)}: not measured, since "
+                                                f"--ledger-add-start could not add its start: {elsewhere}")
             if self.starts > 1:
                 with self._remembering_failure(cache_key):
                     self._measure_in_starts(ledger, key)

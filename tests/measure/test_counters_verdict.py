@@ -1206,6 +1206,38 @@ def test_the_session_adds_a_start_once_per_point_and_never_from_another_machine(
     assert plain._point_to_store(ledger, measured) is measured.point
 
 
+def test_an_added_start_on_another_host_is_refused_before_any_engine_starts(monkeypatch):
+    """The host's CPU is known before the engines: a start that could not be added is refused before they start
+    (a 2026-12-06 H100 visit measured three points for 340 s, each refused only when stored). The same host, and a
+    point the ledger lacks, go on to the engines."""
+    from specledger.measure import fingerprint, replication
+    from specledger.measure.session import SuiteSession
+
+    ledger = _ledger_with_arms()
+    workload = ledger.data["workloads"][0]["name"]
+    recorded_key, new_key = (workload, 0.0, 2), (workload, 0.0, 4)
+    ledger.data["points"] = [recording.build_point(ledger, *recorded_key, _runs([100, 101], [130, 131]))]
+    here = fingerprint.machine_fingerprint()
+    session = SuiteSession(root=ROOT, record=True, add_start=True, progress=lambda _: None)
+
+    def no_engines(_ledger):
+        raise AssertionError("engines started")
+
+    monkeypatch.setattr(session.pool, "arms_for", no_engines)
+    ledger.data.setdefault("provenance", {})["machine"] = {**here, "cpu_model_number": "207"}
+    if here["cpu_model_number"] == "207":
+        ledger.data["provenance"]["machine"]["cpu_model_number"] = "143"
+    refused = r"not measured, since --ledger-add-start could not add its start: another machine: cpu_model_number"
+    with pytest.raises(replication.StartMismatch, match=refused):
+        session.measure(ledger, recorded_key)
+    assert session.start_elsewhere(ledger, new_key) is None  # nothing recorded there to add to
+    ledger.data["provenance"]["machine"] = dict(here)
+    assert session.start_elsewhere(ledger, recorded_key) is None  # this host: the engines decide the rest
+    plain = SuiteSession(root=ROOT, record=True, progress=lambda _: None)
+    ledger.data["provenance"]["machine"] = {**here, "cpu_model_number": "x"}
+    assert plain.start_elsewhere(ledger, recorded_key) is None  # without --ledger-add-start the point is replaced
+
+
 def test_a_point_new_to_the_ledger_is_stored_as_its_one_start_by_every_arm(monkeypatch):
     """With --ledger-add-start, a point the ledger lacks is stored by its first arm's test; the other arms' stores
     must not join that start with itself (the 2026-12-04 H200 visit did: four free-form points came back with their
