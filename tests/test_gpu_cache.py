@@ -72,3 +72,16 @@ def test_whole_parts_replace_the_kept_cache(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     for folder in (work / ".compile-cache", home):
         assert [p.read_bytes() for p in sorted(folder.iterdir())] == chunks
+
+
+def test_gpu_run_and_gpu_visit_share_one_compile_cache_environment() -> None:
+    """A gpu-run outside gpu-visit's job must find the cache gpu-visit restored (2026-12-06 23:18: one that did not
+    built its arms in 274 s, against 70-93 s). Both source scripts/gpu-cache-env; a value already set is kept."""
+    for script in ("gpu-run", "gpu-visit"):
+        assert 'source "$(dirname "$0")"/gpu-cache-env' in (ROOT / "scripts" / script).read_text()
+    shown = subprocess.run(
+        ["bash", "-c", f'source {ROOT / "scripts" / "gpu-cache-env"}; '
+                       'echo "$VLLM_CACHE_ROOT $TORCHINDUCTOR_CACHE_DIR $TRITON_CACHE_DIR $FLASHINFER_WORKSPACE_BASE"'],
+        env={"PATH": "/usr/bin:/bin", "TRITON_CACHE_DIR": "/elsewhere"}, capture_output=True, text=True, check=True)
+    assert shown.stdout.split() == ["/tmp/compile-cache/vllm", "/tmp/compile-cache/inductor", "/elsewhere",
+                                    "/tmp/compile-cache/flashinfer-base"]
