@@ -184,6 +184,10 @@ def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
                        help="only the points each ledger has not recorded (--ledger-record --ledger-only-missing)")
     which.add_argument("--verify", action="store_true",
                        help="only the points each ledger has recorded (what a verification measures)")
+    parser.add_argument("--times-from", metavar="LEDGER",
+                        help="where a ledger's own runs kept no times (a planned ledger never run), take this "
+                             "ledger's, scaled by the ratio of arm counts (e.g. the measured ledger it was replanned "
+                             "from)")
 
 
 @command("estimate", "how long a record or verification of the ledgers' points will take, from the seconds their "
@@ -198,6 +202,12 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     except SelectionError as e:
         raise _UsageError(str(e)) from None
     ledgers, invalid = _load_valid_ledgers(args.paths)
+    times_from = None
+    if args.times_from:
+        sources, bad = _load_valid_ledgers([args.times_from])
+        if bad or not sources:
+            return EXIT_PROBLEMS
+        times_from = sources[0]
 
     def seconds(value: float | None) -> str:
         return "unknown" if value is None else f"{value:.0f} s"
@@ -205,7 +215,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     totals: list[float | None] = []
     longest: list[float | None] = []
     for ledger in ledgers:
-        run = estimate_run(ledger, selectors, only_missing=args.only_missing, verify=args.verify)
+        run = estimate_run(ledger, selectors, only_missing=args.only_missing, verify=args.verify,
+                           times_from=times_from)
         totals.append(run.total_s)
         longest.append(run.up_to_s)
         build = ("none timed: add the model's build if this run is the visit's first" if run.model_build_s is None

@@ -69,19 +69,23 @@ def _slowest(runs: Iterable[Mapping[str, Any]], field: str) -> float | None:
 
 
 def estimate_run(ledger: Ledger, selectors: list[PointSelector] | None = None, *,
-                 only_missing: bool = False, verify: bool = False) -> LedgerRunTime:
+                 only_missing: bool = False, verify: bool = False, times_from: Ledger | None = None) -> LedgerRunTime:
     """The expected seconds of a run over ``ledger``'s points chosen by ``selectors`` (the ``--ledger-points``
     grammar), in the order the run takes them; ``only_missing``: only those the ledger has not recorded, as
-    ``--ledger-record --ledger-only-missing`` does; ``verify``: only those it has (a verification skips the rest)."""
+    ``--ledger-record --ledger-only-missing`` does; ``verify``: only those it has (a verification skips the rest).
+
+    ``times_from``: a ledger whose runs stand in where this one's kept no times (a planned ledger never run, such
+    as a policy ledger replanned from a measured one): its model build, and its engine starts and point times scaled
+    by the ratio of arm counts, since the arms start one after another and a point's windows go round every arm."""
     if only_missing and verify:
         raise ValueError("only_missing and verify select disjoint points: give one")
     prov = ledger.data.get("provenance") or {}
     runs = prov.get("runs") or []
     keys = list(dict.fromkeys(p.key for p in points(ledger, selectors)))
     keys = [k for k in keys if mode_skip_reason(ledger, k, record=not verify, only_missing=only_missing) is None]
-    measured = (point_label((p["workload"], p.get("temperature"), p.get("concurrency"))) for p in ledger.points)
-    recorded = {label: recorded_point_seconds(prov, label) for label in measured}
+    recorded = _point_seconds(ledger)
     slowest = max((s for s in recorded.values() if s is not None), default=None)
+    other = _Borrowed(times_from, ledger) if times_from is not None else None
     chosen = []
     for key in keys:
         label = point_label(key)
@@ -90,6 +94,45 @@ def estimate_run(ledger: Ledger, selectors: list[PointSelector] | None = None, *
             chosen.append(PointTime(label, own, "recorded", max(own, slowest or own)))
         elif slowest is not None:
             chosen.append(PointTime(label, slowest, "the ledger's slowest point", slowest))
+        elif other is not None and other.point_time(label) is not None:
+            chosen.append(other.point_time(label))
         else:
             chosen.append(PointTime(label, None, "no run of this ledger kept its times", None))
-    return LedgerRunTime(ledger.id, _slowest(runs, "model_build"), _slowest(runs, "engine_starts"), tuple(chosen))
+    model_build, engine_starts = _slowest(runs, "model_build"), _slowest(runs, "engine_starts")
+    if other is not None:
+        model_build = model_build if model_build is not None else other.model_build_s
+        engine_starts = engine_starts if engine_starts is not None else other.engine_starts_s
+    return LedgerRunTime(ledger.id, model_build, engine_starts, tuple(chosen))
+
+
+def _point_seconds(ledger: Ledger) -> dict[str, float | None]:
+    """Each recorded point's slowest time in the ledger's runs, by label."""
+    prov = ledger.data.get("provenance") or {}
+    measured = (point_label((p["workload"], p.get("temperature"), p.get("concurrency"))) for p in ledger.points)
+    return {label: recorded_point_seconds(prov, label) for label in measured}
+
+
+class _Borrowed:
+    """Another ledger's times standing in for ``ledger``'s, scaled by the arm counts (``estimate_run``)."""
+
+    def __init__(self, source: Ledger, ledger: Ledger) -> None:
+        self.source = source
+        self.arms = (len(ledger.data.get("arms") or []), len(source.data.get("arms") or []))
+        self.scale = self.arms[0] / self.arms[1] if self.arms[1] else 1.0
+        runs = (source.data.get("provenance") or {}).get("runs") or []
+        self.model_build_s = _slowest(runs, "model_build")
+        starts = _slowest(runs, "engine_starts")
+        self.engine_starts_s = None if starts is None else starts * self.scale
+        self.recorded = _point_seconds(source)
+        self.slowest = max((s for s in self.recorded.values() if s is not None), default=None)
+
+    def point_time(self, label: str) -> PointTime | None:
+        """The source's time for this point (else its slowest point), scaled; None when its runs kept none."""
+        own = self.recorded.get(label)
+        base = own if own is not None else self.slowest
+        if base is None or self.slowest is None:
+            return None
+        where = label if own is not None else "slowest point"
+        return PointTime(label, base * self.scale,
+                         f"{self.source.id}'s {where} x {self.arms[0]}/{self.arms[1]} arms",
+                         max(base, self.slowest) * self.scale)

@@ -60,6 +60,30 @@ def test_a_ledger_without_kept_times_is_unknown_and_nothing_to_measure_is_zero()
     assert nothing.points == () and nothing.total_s == 0.0
 
 
+def test_a_planned_ledger_borrows_times_scaled_by_its_arms() -> None:
+    """A ledger never run (a policy ledger replanned from a measured one) takes the source's times: the model build
+    as it is, the engine starts and each point's time scaled by the arm counts (here 2 arms of the source's 4), the
+    source's slowest point where it never measured this one. The ledger's own times, where it has any, come first."""
+    planned = _runs_ledger([])
+    source = _runs_ledger(RUNS)
+    extra = 4 - len(source["arms"])
+    source["arms"] = source["arms"] + [dict(source["arms"][-1], name=f"extra-{i}") for i in range(extra)]
+    planned["arms"] = planned["arms"][:2]
+    run = estimate_run(Ledger(None, planned), parse_point_selection("copy:0:1,copy:0:8"),
+                       times_from=Ledger(None, source))
+    assert (run.model_build_s, run.engine_starts_s) == (34.0, pytest.approx(118.0 / 2))
+    assert [(p.label, p.seconds, p.up_to_s) for p in run.points] == [("copy:0:1", 40.0, 60.0),
+                                                                    ("copy:0:8", 60.0, 60.0)]
+    assert run.points[0].source == "test-small's copy:0:1 x 2/4 arms"
+    assert run.points[1].source == "test-small's slowest point x 2/4 arms"
+    assert run.total_s == pytest.approx(34.0 + 59.0 + 40.0 + 60.0)
+    own = estimate_run(Ledger(None, _runs_ledger(RUNS)), parse_point_selection("copy:0:1"),
+                       times_from=Ledger(None, planned))  # a source without times changes nothing
+    assert [(p.seconds, p.source) for p in own.points] == [(80.0, "recorded")] and own.engine_starts_s == 118.0
+    still_unknown = estimate_run(Ledger(None, planned), times_from=Ledger(None, _runs_ledger([])))
+    assert still_unknown.total_s is None
+
+
 def test_cli_prints_each_point_and_the_sum(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "small.json"
     path.write_text(json.dumps(_runs_ledger(RUNS)))
@@ -69,3 +93,8 @@ def test_cli_prints_each_point_and_the_sum(tmp_path: Path, capsys: pytest.Captur
     assert "copy:0:8: 120 s (the ledger's slowest point)" in out
     assert main(["estimate", str(path), "--points", "copy:x:1"]) == 2
     assert "--ledger-points 'copy:x:1'" in capsys.readouterr().err
+    planned = tmp_path / "planned.json"
+    planned.write_text(json.dumps(_runs_ledger([])))
+    assert main(["estimate", str(planned), "--points", "copy:0:4", "--times-from", str(path)]) == 0
+    assert "copy:0:4: 120 s (test-small's copy:0:4 x 3/3 arms)" in capsys.readouterr().out
+    assert main(["estimate", str(planned), "--times-from", str(tmp_path / "missing.json")]) != 0
