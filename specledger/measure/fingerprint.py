@@ -42,7 +42,9 @@ would call equal machines different), hypervisor (a cpu flag, so a change alread
 kernel that names new flags changes the hash too: that errs towards "not comparable", the safe side.
 """
 
-HOST_KEYS: tuple[str, ...] = COMPARABLE_KEYS[:6]
+HOST_KEYS: tuple[str, ...] = (
+    "cpu_model", "cpu_vendor", "cpu_family", "cpu_model_number", "cpu_flags_sha256", "logical_cpus",
+)
 """The comparable keys the host tells without an engine (the CPU's design and flags, the CPUs this process may use):
 a difference in them is known before any engine starts. The GPU, driver, engine and torch come from the engines."""
 

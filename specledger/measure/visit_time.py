@@ -94,8 +94,8 @@ def estimate_run(ledger: Ledger, selectors: list[PointSelector] | None = None, *
             chosen.append(PointTime(label, own, "recorded", max(own, slowest or own)))
         elif slowest is not None:
             chosen.append(PointTime(label, slowest, "the ledger's slowest point", slowest))
-        elif other is not None and other.point_time(label) is not None:
-            chosen.append(other.point_time(label))
+        elif other is not None and (borrowed := other.point_time(label)) is not None:
+            chosen.append(borrowed)
         else:
             chosen.append(PointTime(label, None, "no run of this ledger kept its times", None))
     model_build, engine_starts = _slowest(runs, "model_build"), _slowest(runs, "engine_starts")

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from specledger.measure.fingerprint import (
     COMPARABLE_KEYS,
+    HOST_KEYS,
     CpuShares,
     LoadSample,
     busy_message,
@@ -351,3 +352,10 @@ def test_host_state_times_every_allowed_cpu_and_leaves_the_affinity_as_it_was():
     assert set(state["host_loop_ms_by_cpu"]) == {str(c) for c in before}
     assert min(state["host_loop_ms_by_cpu"].values()) <= state["host_loop_ms"] <= max(
         state["host_loop_ms_by_cpu"].values())
+
+
+def test_the_host_keys_are_comparable_keys() -> None:
+    """`--ledger-add-start` refuses another host by these before any engine starts; each must also be compared
+    after (a host key outside COMPARABLE_KEYS would refuse starts that the store accepts)."""
+    assert set(HOST_KEYS) <= set(COMPARABLE_KEYS)
+    assert not {"accelerator", "gpu_driver", "engine", "torch"} & set(HOST_KEYS)  # known only from the engines
