@@ -149,6 +149,14 @@ def describe_differences(diff: Mapping[str, tuple[Any, Any]], recorded: Mapping[
     return "; ".join(parts)
 
 
+def another_machine(recorded: Mapping[str, Any] | None, current: Mapping[str, Any],
+                    keys: tuple[str, ...] = COMPARABLE_KEYS) -> str | None:
+    """Why ``current`` is another machine than ``recorded`` over ``keys`` (None: the same), as a verdict's or a
+    refused start's reason says it."""
+    diff = differences(recorded, current, keys=keys)
+    return f"another machine: {describe_differences(diff, recorded, current)}" if diff else None
+
+
 @dataclass(frozen=True)
 class LoadSample:
     """Machine load around a recording: the 1-minute load average, and the share of all CPU capacity (all logical

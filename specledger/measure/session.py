@@ -169,8 +169,7 @@ class SuiteSession:
         if current is None:
             return None
         recorded = self._recorded_machine(ledger, key)
-        diff = fingerprint.differences(recorded, current)
-        return f"another machine: {fingerprint.describe_differences(diff, recorded, current)}" if diff else None
+        return fingerprint.another_machine(recorded, current)
 
     def start_elsewhere(self, ledger: Ledger, key: tuple[str, float, int]) -> str | None:
         """With ``add_start``: why this run's start of point ``key`` cannot join the ledger's, as far as the host
@@ -182,8 +181,7 @@ class SuiteSession:
         if self._host is None:
             self._host = fingerprint.machine_fingerprint()
         recorded = self._recorded_machine(ledger, key)
-        diff = fingerprint.differences(recorded, self._host, keys=fingerprint.HOST_KEYS)
-        return f"another machine: {fingerprint.describe_differences(diff, recorded, self._host)}" if diff else None
+        return fingerprint.another_machine(recorded, self._host, keys=fingerprint.HOST_KEYS)
 
     def host_note(self, ledger: Ledger, key: tuple[str, float, int] | None = None) -> str | None:
         """The host's speed here beside the recording run's, for the verdict's notes (None: not known for both)."""

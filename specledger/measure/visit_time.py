@@ -79,60 +79,53 @@ def estimate_run(ledger: Ledger, selectors: list[PointSelector] | None = None, *
     by the ratio of arm counts, since the arms start one after another and a point's windows go round every arm."""
     if only_missing and verify:
         raise ValueError("only_missing and verify select disjoint points: give one")
-    prov = ledger.data.get("provenance") or {}
-    runs = prov.get("runs") or []
     keys = list(dict.fromkeys(p.key for p in points(ledger, selectors)))
     keys = [k for k in keys if mode_skip_reason(ledger, k, record=not verify, only_missing=only_missing) is None]
-    recorded = _point_seconds(ledger)
-    slowest = max((s for s in recorded.values() if s is not None), default=None)
-    other = _Borrowed(times_from, ledger) if times_from is not None else None
+    own = _LedgerTimes(ledger)
+    other = _LedgerTimes(times_from, arms_of=ledger) if times_from is not None else None
     chosen = []
     for key in keys:
         label = point_label(key)
-        own = recorded.get(label)
-        if own is not None:
-            chosen.append(PointTime(label, own, "recorded", max(own, slowest or own)))
-        elif slowest is not None:
-            chosen.append(PointTime(label, slowest, "the ledger's slowest point", slowest))
-        elif other is not None and (borrowed := other.point_time(label)) is not None:
-            chosen.append(borrowed)
-        else:
-            chosen.append(PointTime(label, None, "no run of this ledger kept its times", None))
-    model_build, engine_starts = _slowest(runs, "model_build"), _slowest(runs, "engine_starts")
+        time = own.point_time(label)
+        if time is None and other is not None:
+            time = other.point_time(label)
+        chosen.append(time or PointTime(label, None, "no run of this ledger kept its times", None))
+    model_build, engine_starts = own.model_build_s, own.engine_starts_s
     if other is not None:
         model_build = model_build if model_build is not None else other.model_build_s
         engine_starts = engine_starts if engine_starts is not None else other.engine_starts_s
     return LedgerRunTime(ledger.id, model_build, engine_starts, tuple(chosen))
 
 
-def _point_seconds(ledger: Ledger) -> dict[str, float | None]:
-    """Each recorded point's slowest time in the ledger's runs, by label."""
-    prov = ledger.data.get("provenance") or {}
-    measured = (point_label((p["workload"], p.get("temperature"), p.get("concurrency"))) for p in ledger.points)
-    return {label: recorded_point_seconds(prov, label) for label in measured}
+class _LedgerTimes:
+    """What a ledger's runs kept (model build, engine starts, each recorded point's slowest time), scaled by the
+    ratio of arm counts when it stands in for another ledger (``--times-from``: the arms start one after another
+    and a point's windows go round every arm); scale 1 for the ledger's own runs."""
 
-
-class _Borrowed:
-    """Another ledger's times standing in for ``ledger``'s, scaled by the arm counts (``estimate_run``)."""
-
-    def __init__(self, source: Ledger, ledger: Ledger) -> None:
+    def __init__(self, source: Ledger, arms_of: Ledger | None = None) -> None:
         self.source = source
-        self.arms = (len(ledger.data.get("arms") or []), len(source.data.get("arms") or []))
-        self.scale = self.arms[0] / self.arms[1] if self.arms[1] else 1.0
-        runs = (source.data.get("provenance") or {}).get("runs") or []
+        self.arms = None if arms_of is None else (len(arms_of.data.get("arms") or []),
+                                                  len(source.data.get("arms") or []))
+        self.scale = self.arms[0] / self.arms[1] if self.arms and self.arms[1] else 1.0
+        prov = source.data.get("provenance") or {}
+        runs = prov.get("runs") or []
         self.model_build_s = _slowest(runs, "model_build")
         starts = _slowest(runs, "engine_starts")
         self.engine_starts_s = None if starts is None else starts * self.scale
-        self.recorded = _point_seconds(source)
+        measured = (point_label((p["workload"], p.get("temperature"), p.get("concurrency"))) for p in source.points)
+        self.recorded = {label: recorded_point_seconds(prov, label) for label in measured}
         self.slowest = max((s for s in self.recorded.values() if s is not None), default=None)
 
     def point_time(self, label: str) -> PointTime | None:
-        """The source's time for this point (else its slowest point), scaled; None when its runs kept none."""
+        """The point's own time, else the slowest point's (as long as this point may need), scaled; None when the
+        runs kept none."""
         own = self.recorded.get(label)
         base = own if own is not None else self.slowest
         if base is None or self.slowest is None:
             return None
-        where = label if own is not None else "slowest point"
-        return PointTime(label, base * self.scale,
-                         f"{self.source.id}'s {where} x {self.arms[0]}/{self.arms[1]} arms",
-                         max(base, self.slowest) * self.scale)
+        if self.arms is None:
+            source = "recorded" if own is not None else "the ledger's slowest point"
+        else:
+            where = label if own is not None else "slowest point"
+            source = f"{self.source.id}'s {where} x {self.arms[0]}/{self.arms[1]} arms"
+        return PointTime(label, base * self.scale, source, max(base, self.slowest) * self.scale)

@@ -23,6 +23,7 @@ from specledger.measure.fingerprint import (
     HOST_KEYS,
     CpuShares,
     LoadSample,
+    another_machine,
     busy_message,
     cpu_shares,
     cpu_snapshot,
@@ -136,6 +137,17 @@ def test_differences_unknown_recording():
 def test_describe_differences_line():
     diff = {"cpu_model": ("AMD EPYC", "Intel Xeon"), "logical_cpus": (2, 8)}
     assert describe_differences(diff) == "cpu_model 'Intel Xeon' here vs 'AMD EPYC' recorded; logical_cpus 8 vs 2"
+
+
+def test_another_machine_is_the_one_reason_line():
+    """A verdict's "not comparable" and a refused --ledger-add-start say it the same way; ``keys`` narrows the
+    comparison to the host before the engines are up."""
+    amd, intel = fp(AMD_VM), fp(INTEL_XEON)
+    assert another_machine(amd, dict(amd)) is None
+    assert another_machine(amd, intel) == "another machine: " + describe_differences(differences(amd, intel), amd, intel)
+    same_host = dict(amd, gpu_driver="580.159.04")
+    assert another_machine(amd, same_host) is not None
+    assert another_machine(amd, same_host, keys=HOST_KEYS) is None
 
 
 def test_a_flags_difference_names_the_vector_flags():
