@@ -144,7 +144,8 @@ def test_another_machine_is_the_one_reason_line():
     comparison to the host before the engines are up."""
     amd, intel = fp(AMD_VM), fp(INTEL_XEON)
     assert another_machine(amd, dict(amd)) is None
-    assert another_machine(amd, intel) == "another machine: " + describe_differences(differences(amd, intel), amd, intel)
+    line = describe_differences(differences(amd, intel), amd, intel)
+    assert another_machine(amd, intel) == f"another machine: {line}"
     same_host = dict(amd, gpu_driver="580.159.04")
     assert another_machine(amd, same_host) is not None
     assert another_machine(amd, same_host, keys=HOST_KEYS) is None
