@@ -112,8 +112,8 @@ class _LedgerTimes:
         self.model_build_s = _slowest(runs, "model_build")
         starts = _slowest(runs, "engine_starts")
         self.engine_starts_s = None if starts is None else starts * self.scale
-        measured = (point_label((p["workload"], p.get("temperature"), p.get("concurrency"))) for p in source.points)
-        self.recorded = {label: recorded_point_seconds(prov, label) for label in measured}
+        labels = (point_label(Ledger.point_key(p)) for p in source.points)
+        self.recorded = {label: recorded_point_seconds(prov, label) for label in labels}
         self.slowest = max((s for s in self.recorded.values() if s is not None), default=None)
 
     def point_time(self, label: str) -> PointTime | None:
