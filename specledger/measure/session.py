@@ -18,7 +18,7 @@ import datetime as _dt
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -421,9 +421,11 @@ class SuiteSession:
                       f"({m.wall_s:.1f} s, {m.point['repeats_added']} repeats added{over})")
 
     # -- recording ---------------------------------------------------------------------------------------
-    def _point_to_store(self, working: Ledger, measured: procedure.PointMeasurement) -> dict[str, Any]:
+    def _point_to_store(self, working: Ledger, measured: procedure.PointMeasurement,
+                        committed: Ledger | None = None) -> dict[str, Any]:
         """The measured point, or with ``add_start`` the ledger's point with this run's start(s) added (once per
-        point: every arm's test stores the same measurement)."""
+        point: every arm's test stores the same measurement). ``committed``: the ledger as this run found it, the
+        reference the added start is judged against (``working`` already pools this run's earlier starts)."""
         existing = working.find_point(*measured.key)
         done = (working.id, measured.key)
         if not self.add_start or existing is None:
@@ -436,12 +438,30 @@ class SuiteSession:
         why = self.not_comparable(working, measured.key)
         if why is not None:
             raise replication.StartMismatch(f"{working.path}: point {point_label(measured.key)}: not added: {why}")
+        as_found = committed.find_point(*measured.key) if committed is not None else None
+        if committed is not None and as_found is not None:
+            self._judge_added_start(committed, as_found, measured)
+        else:
+            self._judge_added_start(working, existing, measured)
         point = replication.add_start(working, existing, measured.point)
         self._starts_added.add(done)
         starts = self._start_count(point)
         self.progress(f"{working.id} {point_label(measured.key)}: this run's start added, {starts} starts in all: "
                       f"{self._multipliers(point)}")
         return point
+
+    def _judge_added_start(self, committed: Ledger, existing: Mapping[str, Any],
+                           measured: procedure.PointMeasurement) -> None:
+        """Judge this run's start against the point's committed start(s), each arm as `gpu-run verify` would,
+        before it joins them. Why: the start comes from a run of its own (new processes, often a new lease), so
+        one run both verifies the point and replicates it; on 2026-12-07 a verification of the H100 fp8 ledger's
+        copy c=8 and the start added to it were two runs of the same lease, 12 minutes apart."""
+        for arm in committed.data["arms"]:
+            name = arm["name"]
+            if name in existing["arms"] and name in measured.point["arms"]:
+                result = verdict.compare_point(committed, name, existing, measured.point)
+                self.progress(result.message(f"{committed.id}-{name}-{point_label(measured.key)}, this run's start "
+                                             "against the committed"))
 
     def store(self, ledger: Ledger, measured: procedure.PointMeasurement) -> Path:
         """Upsert the point into the ledger and write it atomically right away: a crash loses one point. A point
@@ -464,7 +484,7 @@ class SuiteSession:
             # once, at the first store
             for line in recording.kv_cache_drift(ledger.arms, self.pool.infos_by_ledger[ledger.id]):
                 self.progress(f"{ledger.id}: {line}; provenance.runs keeps each run's")
-        replication.upsert_point(working, measured.key, self._point_to_store(working, measured))
+        replication.upsert_point(working, measured.key, self._point_to_store(working, measured, ledger))
         data = working.data
         facts = recording.arm_facts(working, self.pool.infos_by_ledger[ledger.id])
         for arm in data["arms"]:

