@@ -27,7 +27,7 @@ from specledger.errors import SpecledgerError
 from specledger.ledger import Ledger, figures, write_ledger
 from specledger.ledger.io import remove_stale_temporaries
 from specledger.ledger.model import SCHEMA_VERSION, LedgerError
-from specledger.ledger.selection import point_label
+from specledger.ledger.selection import point_label, point_test_id
 from specledger.measure import engines, fingerprint, procedure, recording, replication
 from specledger.measure.engine_pool import EnginePool
 from specledger.render.tables import config_differences
@@ -460,7 +460,7 @@ class SuiteSession:
             name = arm["name"]
             if name in existing["arms"] and name in measured.point["arms"]:
                 result = verdict.compare_point(committed, name, existing, measured.point)
-                self.progress(result.message(f"{committed.id}-{name}-{point_label(measured.key)}, this run's start "
+                self.progress(result.message(f"{point_test_id(committed.id, name, measured.key)}, this run's start "
                                              "against the committed"))
 
     def store(self, ledger: Ledger, measured: procedure.PointMeasurement) -> Path:
