@@ -169,10 +169,24 @@ class LoadSample:
         return {"loadavg_1m": round(self.loadavg_1m, 3), "others_cpu_share": round(self.others_cpu_share, 3)}
 
 
+def run_root() -> psutil.Process:
+    """The process whose tree is this run: this process, or under pytest-xdist the controller that started the
+    workers. Its other workers are this run, each on its own cores (``gpu_assignment``), not a neighbour's load:
+    counted as others, a sibling worker's tests made the busy share flip between runs on a 2-core machine
+    (2026-12-07, `-n 2`: 0.50 against a 0.40 bound)."""
+    me = psutil.Process()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            parent = me.parent()
+            if parent is not None:
+                return parent
+    return me
+
+
 def _own_tree(own_pids: Iterable[int] | None) -> set[psutil.Process]:
-    """This process, the given pids, and all their descendants (Process identity includes its start time, so a
-    reused pid is a different process)."""
-    roots = [psutil.Process()]
+    """This run (``run_root``), the given pids, and all their descendants (Process identity includes its start
+    time, so a reused pid is a different process)."""
+    roots = [run_root()]
     for pid in own_pids or ():
         with contextlib.suppress(psutil.NoSuchProcess):
             roots.append(psutil.Process(pid))

@@ -34,6 +34,7 @@ from specledger.measure.fingerprint import (
     host_state_note,
     is_busy,
     machine_fingerprint,
+    run_root,
     sample_load,
     top_other_processes,
 )
@@ -259,6 +260,16 @@ def test_sample_load_child_reaped_during_interval():
         child.kill()
         reaper.join(timeout=5)
     assert share >= 0.3
+
+
+def test_the_run_is_this_process_or_under_xdist_the_controller_with_its_workers(monkeypatch):
+    """Under pytest-xdist a worker's siblings are the same run (each on its own cores), not a neighbour's load: the
+    run's tree starts at the controller, the worker's parent. Outside xdist it is this process."""
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    assert run_root().pid == os.getpid()
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    assert run_root().pid == os.getppid()
+    assert psutil.Process().pid in {p.pid for p in run_root().children(recursive=True)}
 
 
 @pytest.mark.parametrize("pid", [2**22 + 12345])
