@@ -92,10 +92,11 @@ class Comparison:
         """Fresh repeats that would settle every inconclusive figure; None where none is inconclusive, or where
         one of them no number of repeats can settle (``settled_by_repeats``): the most the others need would then
         promise what it cannot (2026-12-07, fp8 copy c=8: "105" beside a multiplier that repeats cannot settle)."""
-        needs = [f.verdict.repeats_needed for f in self.figures if f.verdict.outcome == "inconclusive"]
-        if not needs or None in needs:
+        if not self.settled_by_repeats:
             return None
-        return max(n for n in needs if n is not None)
+        needs = [f.verdict.repeats_needed for f in self.figures
+                 if f.verdict.outcome == "inconclusive" and f.verdict.repeats_needed is not None]
+        return max(needs) if needs else None
 
     @property
     def settled_by_repeats(self) -> bool:
