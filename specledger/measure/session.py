@@ -422,7 +422,7 @@ class SuiteSession:
 
     # -- recording ---------------------------------------------------------------------------------------
     def _point_to_store(self, working: Ledger, measured: procedure.PointMeasurement,
-                        committed: Ledger | None = None) -> dict[str, Any]:
+                        committed: Ledger) -> dict[str, Any]:
         """The measured point, or with ``add_start`` the ledger's point with this run's start(s) added (once per
         point: every arm's test stores the same measurement). ``committed``: the ledger as this run found it, the
         reference the added start is judged against (``working`` already pools this run's earlier starts)."""
@@ -438,11 +438,9 @@ class SuiteSession:
         why = self.not_comparable(working, measured.key)
         if why is not None:
             raise replication.StartMismatch(f"{working.path}: point {point_label(measured.key)}: not added: {why}")
-        as_found = committed.find_point(*measured.key) if committed is not None else None
-        if committed is not None and as_found is not None:
+        as_found = committed.find_point(*measured.key)
+        if as_found is not None:  # always, here: a point only this run recorded returned above
             self._judge_added_start(committed, as_found, measured)
-        else:
-            self._judge_added_start(working, existing, measured)
         point = replication.add_start(working, existing, measured.point)
         self._starts_added.add(done)
         starts = self._start_count(point)

@@ -1218,16 +1218,16 @@ def test_the_session_adds_a_start_once_per_point_and_never_from_another_machine(
     monkeypatch.setattr(session, "not_comparable", lambda *_: None)
     assert session._more_rule(ledger, key) is None  # more windows of this start cannot narrow an interval over starts
     assert SuiteSession(root=ROOT, record=True)._more_rule(ledger, key) is not None
-    first = session._point_to_store(ledger, measured)
+    first = session._point_to_store(ledger, measured, ledger)
     ledger.data["points"] = [first]  # what store() leaves in the working ledger
-    assert session._point_to_store(ledger, measured) is first  # the second arm's store: nothing added again
+    assert session._point_to_store(ledger, measured, ledger) is first  # the second arm's store: nothing added again
     assert first["arms"]["spec"]["window"]["start"] == [0, 0, 1, 1]
     other = SuiteSession(root=ROOT, record=True, add_start=True, progress=lambda _: None)
     monkeypatch.setattr(other, "not_comparable", lambda *_: "another machine: cpu_model 'X' vs 'Y'")
     with pytest.raises(replication.StartMismatch, match="not added: another machine"):
-        other._point_to_store(ledger, measured)
+        other._point_to_store(ledger, measured, ledger)
     plain = SuiteSession(root=ROOT, record=True, progress=lambda _: None)  # without add_start: replaced
-    assert plain._point_to_store(ledger, measured) is measured.point
+    assert plain._point_to_store(ledger, measured, ledger) is measured.point
 
 
 def test_an_added_start_is_judged_against_the_committed_start_before_it_joins(monkeypatch):
@@ -1302,10 +1302,10 @@ def test_a_point_new_to_the_ledger_is_stored_as_its_one_start_by_every_arm(monke
     measured = procedure.PointMeasurement(key, recording.build_point(ledger, *key, _runs([100, 99], [150, 149])))
     session = SuiteSession(root=ROOT, record=True, add_start=True, progress=lambda _: None)
     monkeypatch.setattr(session, "not_comparable", lambda *_: None)
-    first = session._point_to_store(ledger, measured)
+    first = session._point_to_store(ledger, measured, ledger)
     assert first is measured.point
     ledger.data["points"] = [first]  # what store() leaves in the working ledger
-    again = session._point_to_store(ledger, measured)  # the second arm's store
+    again = session._point_to_store(ledger, measured, ledger)  # the second arm's store
     assert again is first
     assert "start" not in again["arms"]["spec"]["window"]  # one start: no start names, no second start
 
