@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from specledger import xdist_support
-from specledger.ledger import Ledger, LedgerError, load_ledger, selection
+from specledger.ledger import Ledger, LedgerError, figures, load_ledger, selection
 from specledger.ledger.selection import LedgerPoint
 
 RECORD_HELP = ("record: measure and write the ledgers' points (atomic; replaces committed figures of the "
@@ -89,6 +89,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="with --ledger-starts or --ledger-add-start: N paired repeats per arm in each engine start "
                          "(at least 2; default: the ledger's repeats.min shared out over the starts, or all of it "
                          "for an added start)")
+    group.addoption("--ledger-start-spread-from", default=None, metavar="LEDGER",
+                    help="verify only: a ledger that pools no between-start spread of its own is judged with the "
+                         "spread LEDGER pools (same accelerator, arms of the same names), in memory: its one-start "
+                         "points then count engine starts, and a new host state no longer reads as a change")
     group.addoption("--ledger-http", action="store_true", default=False,
                     help="verify over HTTP: start one OpenAI-compatible vLLM server per arm, with flags derived "
                          "from the ledger arm, and measure through streaming completions and /metrics")
@@ -110,6 +114,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if http and config.getoption("--ledger-record", default=False):
         raise pytest.UsageError("--ledger-http/--ledger-endpoint verify only: ledgers are recorded in-process "
                                 "(over HTTP tokens/s include the client and server overhead)")
+    if config.getoption("--ledger-start-spread-from", default=None) and config.getoption("--ledger-record",
+                                                                                        default=False):
+        raise pytest.UsageError("--ledger-start-spread-from verifies only: a recording stores the ledger, and a "
+                                "borrowed spread is not its own (--ledger-add-start measures one)")
     if endpoints:
         _endpoints(endpoints)
         if len(config.getoption("--ledger", default=[])) != 1:
@@ -168,10 +176,23 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             raise pytest.UsageError(str(exc)) from None
         if ledger.status == "reference":
             continue  # published elsewhere: nothing here can reproduce it
+        _borrow_spread(metafunc.config, ledger)
         # One xdist group per ledger: --dist loadgroup starts a ledger's engines on one worker only.
         marks = [pytest.mark.gpu if ledger.is_gpu() else pytest.mark.engine, pytest.mark.xdist_group(ledger.id)]
         params += [pytest.param(p, id=p.test_id, marks=marks) for p in selection.points(ledger, selectors)]
     metafunc.parametrize("ledger_point", params)
+
+
+def _borrow_spread(config: pytest.Config, ledger: Ledger) -> None:
+    """--ledger-start-spread-from: the named ledger's between-start spread for a ledger without one (verify only:
+    pytest_configure refuses it with a recording, which would write the borrowed spread into the ledger)."""
+    source_path = config.getoption("--ledger-start-spread-from", default=None)
+    if source_path is None:
+        return
+    try:
+        figures.borrow_start_spread(ledger, load_ledger(Path(source_path)))
+    except ValueError as exc:  # a LedgerError too: the file, and the JSON path, named
+        raise pytest.UsageError(f"--ledger-start-spread-from: {exc}") from None
 
 
 def say(config: pytest.Config, line: str) -> None:

@@ -31,8 +31,9 @@ class FakeMeasure:
     `wall_s` seconds of pretend measuring (the time budget reads it). `seen` lists the points measured, and
     `on_measure` sees the session at each one."""
 
-    #: changed: ngram 10x faster in every repeat; noisy: ngram's repeats scattered +-40% around the committed ones
-    MODES = {"changed": [10.0], "noisy": [0.6, 1.4, 0.8, 1.2, 1.0, 0.7, 1.3], "same": [1.0]}
+    #: changed: ngram 10x faster in every repeat; noisy: ngram's repeats scattered +-40% around the committed ones;
+    #: drift: ngram 30% faster in every repeat, what a new engine start alone can do on a lent GPU
+    MODES = {"changed": [10.0], "noisy": [0.6, 1.4, 0.8, 1.2, 1.0, 0.7, 1.3], "same": [1.0], "drift": [1.3]}
 
     def __init__(self, mode: str = "same", wall_s: float = 0.1,
                  on_measure: Callable[[Any], None] | None = None) -> None:
@@ -122,6 +123,32 @@ def test_a_changed_point_fails_and_every_arm_keeps_its_benchmark_row(inner_pytes
     assert ngram["stats"]["rounds"] == len(repeats["output_tokens_per_s"]["repeats"])
     fresh_mean = sum(v * 10 for v in repeats["output_tokens_per_s"]["repeats"]) / ngram["stats"]["rounds"]
     assert 0.8 * fresh_mean < ngram["stats"]["ops"] <= 1.01 * fresh_mean  # harmonic mean of tok/s
+
+
+def test_a_borrowed_between_start_spread_judges_a_one_start_ledger_over_engine_starts(inner_pytest: pytest.Pytester,
+                                                                                      tmp_path: Path) -> None:
+    """--ledger-start-spread-from: ngram 30% faster fails as changed between one start's windows on each side; with
+    the spread a ledger of this machine kind pools (log SD 0.11, 7 df), the same run is inconclusive, says whose
+    spread it used, and passes. A recording refuses the option: the spread would be written into the ledger."""
+    source = json.loads(CPU_LEDGER.read_text())
+    source["id"] = "cpu-smollm2-starts"
+    spread = {"log_sd": 0.11, "df": 7, "points": 3}
+    source["start_spread"] = {"ngram": {"multiplier": dict(spread), "output_tokens_per_s": dict(spread)},
+                              "baseline": {"output_tokens_per_s": dict(spread)}}
+    source_path = tmp_path / "cpu-smollm2-starts.json"
+    source_path.write_text(json.dumps(source))
+    windows, _ = _fake_run(inner_pytest, tmp_path, "drift")
+    assert windows.ret == 1 and "changed (up)" in windows.stdout.str(), windows.stdout.str()[-3000:]
+    borrowed, _ = _fake_run(inner_pytest, tmp_path, "drift", "--ledger-start-spread-from", str(source_path))
+    out = borrowed.stdout.str()
+    assert borrowed.ret == 0, out[-3000:]
+    assert "changed" not in out.split("specledger verdicts")[-1] and "inconclusive" in out, out[-3000:]
+    assert "between-start spread of cpu-smollm2-starts" in out and json.loads(CPU_LEDGER.read_text()).get(
+        "start_spread") is None  # borrowed in memory only
+    recording = run_ledgers(inner_pytest, "-q", "--ledger", str(CPU_LEDGER), "--ledger-record", "--ledger-out",
+                            str(tmp_path / "out"), "--ledger-start-spread-from", str(source_path))
+    assert recording.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--ledger-start-spread-from verifies only" in recording.stderr.str()
 
 
 def test_an_inconclusive_point_is_its_own_outcome_and_fails_only_when_strict(inner_pytest: pytest.Pytester,

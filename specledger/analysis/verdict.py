@@ -125,9 +125,10 @@ def _repeats(point: Mapping[str, Any], arm: str | None) -> list[float] | None:
 # between-start spread of ngram's multiplier (log sd 0.1195, 10 df); on the H100, copy:0:1 moved 12.8% between two
 # leases with the same baseline (reports/evidence/2026-12-06-h100-qwen-bf16-visit3).
 ONE_START_EACH = ("speed: one engine start on each side and no between-start spread in the ledger, so each interval "
-                  "covers the windows of one host state; a new start can move a multiplier by more (12% in logs "
-                  "for ngram on the lent H200), so 'changed' may be the host: give the committed points a second "
-                  "start (--ledger-add-start) to judge against the spread")
+                  "covers the windows of one host state; a new start can move a multiplier by more (log SD 0.11-0.12 "
+                  "for ngram on the lent H100 and H200), so 'changed' may be the host: give the committed points a "
+                  "second start (--ledger-add-start), or judge against a spread measured on this kind of machine "
+                  "(--ledger-start-spread-from LEDGER)")
 
 
 def _replicated_verdicts(ledger: Ledger, arm: str, base: str | None, committed: Mapping[str, Any],
@@ -237,6 +238,9 @@ def compare_point(ledger: Ledger, arm: str, committed: Mapping[str, Any], measur
     # its interval decides nothing)
     if result.figures and not_comparable is None and all(f.verdict.unit == "repeats" for f in result.figures):
         result.notes.append(ONE_START_EACH)
+    if ledger.spread_from is not None and any(f.verdict.unit == "engine starts" for f in result.figures):
+        result.notes.append(f"speed: over engine starts with the between-start spread of {ledger.spread_from} "
+                            "(--ledger-start-spread-from): this ledger pools none of its own")
     check, other_tokens = acceptance_check(c_arm, m_arm, float(tol["acceptance_length_abs"]))
     if check is not None:
         result.checks.append(check)

@@ -30,6 +30,7 @@ __all__ = [
     "decimals_word",
     "engine_starts",
     "start_spread",
+    "borrow_start_spread",
     "eps",
     "start_spread_json",
     "rounded_interval",
@@ -257,6 +258,36 @@ def start_spread(data: Mapping[str, Any], arm: str, figure: str) -> Any:
     from specledger.stats import StartSpread  # scipy: loaded only where a spread is read
 
     return StartSpread(float(found["log_sd"]), int(found["df"]), int(found["points"]))
+
+
+def borrow_start_spread(ledger: Ledger, source: Ledger) -> bool:
+    """Give ``ledger``, which pools no between-start spread of its own, the spread ``source`` pools, in memory and for
+    verification only (it is never written): False where ``ledger`` has its own, which wins.
+
+    Why: a ledger of one engine start a point can only compare the windows of one start on each side, which leave
+    out what a new start does (ngram's multiplier moved by log SD 0.108-0.120 between starts on the lent H100 and
+    H200), so its verdicts cry wolf: on 2026-12-07 the H100 fp8 KV ledger's copy c=8 came out "changed", +23.6%
+    (+15.7..+33.3), where three starts read 0.891, 1.004 and 1.101. A spread measured on the same kind of machine, for
+    arms of the same names, puts that component back. ValueError (naming the file and JSON path) where ``source``
+    pools none or ran on another accelerator."""
+    if ledger.data.get("start_spread"):
+        return False
+    spread = source.data.get("start_spread") or {}
+    names = {arm["name"] for arm in ledger.arms}
+    shared = {arm: dict(figures) for arm, figures in spread.items() if arm in names}
+    if not shared:
+        raise ValueError(f"{source.file}: $.start_spread: no between-start spread for any arm of "
+                         f"{ledger.id!r} ({', '.join(sorted(names))}); record its points with two or more engine "
+                         "starts (--ledger-starts, --ledger-add-start)")
+    mine = (ledger.data.get("provenance") or {}).get("machine") or {}
+    theirs = (source.data.get("provenance") or {}).get("machine") or {}
+    if mine.get("accelerator") != theirs.get("accelerator"):
+        raise ValueError(f"{source.file}: $.provenance.machine.accelerator is {theirs.get('accelerator')!r} where "
+                         f"{ledger.file} has {mine.get('accelerator')!r}: a between-start spread belongs to a kind of "
+                         "machine")
+    ledger.data["start_spread"] = shared
+    ledger.spread_from = source.id
+    return True
 
 
 #: The figures whose per-start values pool: each drafting arm's multipliers and every arm's throughput.

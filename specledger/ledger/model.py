@@ -159,6 +159,9 @@ class Ledger:
 
     path: Path | None
     data: dict[str, Any]
+    #: The ledger whose pooled between-start spread this one borrowed, in memory, to be verified with
+    #: (``figures.borrow_start_spread``, ``--ledger-start-spread-from``); None: its own spread, or none.
+    spread_from: str | None = None
 
     @property
     def file(self) -> str:

@@ -217,7 +217,8 @@ class SuiteSession:
         committed = ledger.find_point(*key)
         if committed is None or self.not_comparable(ledger, key) is not None:
             return None
-        if any(len(set(figures.engine_starts(arm))) > 1 for arm in committed["arms"].values()):
+        if ledger.data.get("start_spread") or any(len(set(figures.engine_starts(arm))) > 1
+                                                  for arm in committed["arms"].values()):
             return None  # judged over engine starts: more windows of this one start cannot settle it
 
         def unsettled(point: dict[str, Any], _: int) -> bool:

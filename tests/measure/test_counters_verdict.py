@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from repo_paths import CPU_LEDGER, ROOT
 
 from specledger.analysis import policy_bar, verdict
-from specledger.ledger import Ledger, dump_ledger, load_ledger, parse_ledger, selection
+from specledger.ledger import Ledger, dump_ledger, figures, load_ledger, parse_ledger, selection
 from specledger.ledger.model import DEFAULT_PROTOCOL
 from specledger.measure import counters, driver, fingerprint, procedure, recording
 from specledger.render import tables
@@ -439,6 +439,56 @@ def test_one_start_on_each_side_says_its_interval_leaves_out_the_between_start_s
                                                                               [121, 125, 116, 124, 120, 119]))
     assert verdict.ONE_START_EACH not in two_starts.notes
     assert two_starts.figure("multiplier").verdict.unit == "engine starts"
+
+
+def _spread_source(accelerator: str | None = None, log_sd: float = 0.11) -> Ledger:
+    """A ledger of the same arms that pools a between-start spread (7 df), on ``accelerator``."""
+    source = _ledger_with_arms()
+    source.data["id"] = "measured-on-this-machine-kind"
+    spread = {"log_sd": log_sd, "df": 7, "points": 5}
+    source.data["start_spread"] = {"spec": {"multiplier": dict(spread), "output_tokens_per_s": dict(spread)},
+                                   "baseline": {"output_tokens_per_s": dict(spread)}}
+    source.data.setdefault("provenance", {}).setdefault("machine", {})["accelerator"] = accelerator
+    return source
+
+
+def _verify_borrowing(fresh_base, fresh_spec, source: Ledger):
+    ledger = _ledger_with_arms()
+    ledger.data["tolerances"] = {"multiplier_rel": 0.1, "acceptance_length_abs": 0.2, "output_tokens_per_s_rel": 0.5}
+    ledger.data.setdefault("provenance", {}).setdefault("machine", {})["accelerator"] = None
+    assert figures.borrow_start_spread(ledger, source)
+    committed = _v3_point([100, 104, 96, 102, 98, 101], [150, 156, 144, 153, 147, 151])
+    return verdict.compare_point(ledger, "spec", committed, _v3_point(fresh_base, fresh_spec))
+
+
+def test_a_borrowed_between_start_spread_keeps_a_new_host_state_from_reading_as_a_change():
+    """One start a side: the windows call a +24% multiplier "changed" (2026-12-07, the H100 fp8 KV ledger's copy
+    c=8: +23.6% where three starts read 0.891, 1.004, 1.101); judged with a spread measured on the same kind of
+    machine, it is inconclusive over engine starts, and a tenfold change is still changed."""
+    base = [100, 104, 96, 102, 98, 101]
+    faster = [round(b * 1.5 * 1.24, 1) for b in base]
+    assert _verify(base, faster).outcome == "changed"  # the windows of one start on each side
+    borrowed = _verify_borrowing(base, faster, _spread_source())
+    figure = borrowed.figure("multiplier")
+    assert borrowed.outcome == "inconclusive" and borrowed.ok
+    assert figure.verdict.unit == "engine starts" and figure.verdict.change.low < 0.1 < figure.verdict.change.high
+    assert verdict.ONE_START_EACH not in borrowed.notes
+    assert any("measured-on-this-machine-kind" in note for note in borrowed.notes)
+    tenfold = _verify_borrowing(base, [b * 15 for b in base], _spread_source())
+    assert tenfold.outcome == "changed" and tenfold.figure("multiplier").verdict.direction == "up"
+
+
+def test_a_spread_is_borrowed_only_from_the_same_accelerator_and_never_over_a_ledgers_own():
+    ledger = _ledger_with_arms()
+    ledger.data.setdefault("provenance", {}).setdefault("machine", {})["accelerator"] = "NVIDIA H100 80GB HBM3"
+    with pytest.raises(ValueError, match=r"\$\.provenance\.machine\.accelerator is 'NVIDIA H200'"):
+        figures.borrow_start_spread(ledger, _spread_source("NVIDIA H200"))
+    with pytest.raises(ValueError, match=r"\$\.start_spread: no between-start spread"):
+        figures.borrow_start_spread(ledger, _ledger_with_arms())
+    assert ledger.spread_from is None and "start_spread" not in ledger.data
+    own = _spread_source("NVIDIA H100 80GB HBM3", log_sd=0.05)
+    assert not figures.borrow_start_spread(own, _spread_source("NVIDIA H100 80GB HBM3"))
+    assert own.data["start_spread"]["spec"]["multiplier"]["log_sd"] == 0.05 and own.spread_from is None
 
 
 def test_another_machine_shows_speed_but_still_asserts_acceptance():
