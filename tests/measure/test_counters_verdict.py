@@ -1251,6 +1251,22 @@ def test_passes_over_other_prompts_are_not_summed_and_starts_of_other_shapes_are
         replication.add_start(ledger, old, fewer)
 
 
+def test_a_verification_adds_windows_only_where_its_verdict_counts_them(monkeypatch):
+    """An inconclusive verdict between one start's windows on each side gets more windows; where the ledger pools a
+    between-start spread (its own, or borrowed) the verdict counts engine starts, which more windows cannot narrow."""
+    from specledger.measure.session import SuiteSession
+
+    ledger = _ledger_with_arms()
+    workload = ledger.data["workloads"][0]["name"]
+    key = (workload, 0.0, 2)
+    ledger.data["points"] = [recording.build_point(ledger, *key, _runs([100, 101], [130, 131]))]
+    session = SuiteSession(root=ROOT, record=False, progress=lambda _: None)
+    monkeypatch.setattr(session, "not_comparable", lambda *_: None)
+    assert session._more_rule(ledger, key) is not None
+    assert figures.borrow_start_spread(ledger, _spread_source())  # neither names an accelerator
+    assert session._more_rule(ledger, key) is None
+
+
 def test_the_session_adds_a_start_once_per_point_and_never_from_another_machine(monkeypatch):
     """Every arm's test stores the same measurement: the start is added at the first store only. A run on another
     machine (fingerprint) is refused, naming the point."""
