@@ -184,13 +184,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def _borrow_spread(config: pytest.Config, ledger: Ledger) -> None:
-    """--ledger-start-spread-from: the named ledger's between-start spread for a ledger without one (verify only:
-    pytest_configure refuses it with a recording, which would write the borrowed spread into the ledger)."""
+    """--ledger-start-spread-from: the named ledger's between-start spread for a ledger without one, where both ran
+    on one kind of accelerator (the ledgers of other kinds keep judging one start's windows, and their verdicts say
+    so). Verify only: pytest_configure refuses it with a recording, which would write the spread into the ledger."""
     source_path = config.getoption("--ledger-start-spread-from", default=None)
     if source_path is None:
         return
     try:
-        figures.borrow_start_spread(ledger, load_ledger(Path(source_path)))
+        source = load_ledger(Path(source_path))
+        if figures.accelerator(source) == figures.accelerator(ledger):
+            figures.borrow_start_spread(ledger, source)
     except ValueError as exc:  # a LedgerError too: the file, and the JSON path, named
         raise pytest.UsageError(f"--ledger-start-spread-from: {exc}") from None
 

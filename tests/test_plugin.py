@@ -129,7 +129,8 @@ def test_a_borrowed_between_start_spread_judges_a_one_start_ledger_over_engine_s
                                                                                       tmp_path: Path) -> None:
     """--ledger-start-spread-from: ngram 30% faster fails as changed between one start's windows on each side; with
     the spread a ledger of this machine kind pools (log SD 0.11, 7 df), the same run is inconclusive, says whose
-    spread it used, and passes. A recording refuses the option: the spread would be written into the ledger."""
+    spread it used, and passes; a ledger of another accelerator lends nothing. A recording refuses the option: the
+    spread would be written into the ledger."""
     source = json.loads(CPU_LEDGER.read_text())
     source["id"] = "cpu-smollm2-starts"
     spread = {"log_sd": 0.11, "df": 7, "points": 3}
@@ -145,6 +146,11 @@ def test_a_borrowed_between_start_spread_judges_a_one_start_ledger_over_engine_s
     assert "changed" not in out.split("specledger verdicts")[-1] and "inconclusive" in out, out[-3000:]
     assert "between-start spread of cpu-smollm2-starts" in out and json.loads(CPU_LEDGER.read_text()).get(
         "start_spread") is None  # borrowed in memory only
+    source["provenance"]["machine"]["accelerator"] = "NVIDIA H200"  # another kind of machine: not borrowed
+    other_kind = tmp_path / "h200-starts.json"
+    other_kind.write_text(json.dumps(source))
+    unborrowed, _ = _fake_run(inner_pytest, tmp_path, "drift", "--ledger-start-spread-from", str(other_kind))
+    assert unborrowed.ret == 1 and "between-start spread of" not in unborrowed.stdout.str()
     recording = run_ledgers(inner_pytest, "-q", "--ledger", str(CPU_LEDGER), "--ledger-record", "--ledger-out",
                             str(tmp_path / "out"), "--ledger-start-spread-from", str(source_path))
     assert recording.ret == pytest.ExitCode.USAGE_ERROR

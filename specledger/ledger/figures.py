@@ -31,6 +31,7 @@ __all__ = [
     "engine_starts",
     "start_spread",
     "borrow_start_spread",
+    "accelerator",
     "eps",
     "start_spread_json",
     "rounded_interval",
@@ -260,6 +261,12 @@ def start_spread(data: Mapping[str, Any], arm: str, figure: str) -> Any:
     return StartSpread(float(found["log_sd"]), int(found["df"]), int(found["points"]))
 
 
+def accelerator(ledger: Ledger) -> str | None:
+    """The accelerator the ledger's latest run measured on (``provenance.machine.accelerator``; "cpu" for the CPU
+    engine), None for a ledger never measured."""
+    return ((ledger.data.get("provenance") or {}).get("machine") or {}).get("accelerator")
+
+
 def borrow_start_spread(ledger: Ledger, source: Ledger) -> bool:
     """Give ``ledger``, which pools no between-start spread of its own, the spread ``source`` pools, in memory and for
     verification only (it is never written): False where ``ledger`` has its own, which wins.
@@ -279,11 +286,9 @@ def borrow_start_spread(ledger: Ledger, source: Ledger) -> bool:
         raise ValueError(f"{source.file}: $.start_spread: no between-start spread for any arm of "
                          f"{ledger.id!r} ({', '.join(sorted(names))}); record its points with two or more engine "
                          "starts (--ledger-starts, --ledger-add-start)")
-    mine = (ledger.data.get("provenance") or {}).get("machine") or {}
-    theirs = (source.data.get("provenance") or {}).get("machine") or {}
-    if mine.get("accelerator") != theirs.get("accelerator"):
-        raise ValueError(f"{source.file}: $.provenance.machine.accelerator is {theirs.get('accelerator')!r} where "
-                         f"{ledger.file} has {mine.get('accelerator')!r}: a between-start spread belongs to a kind of "
+    if accelerator(ledger) != accelerator(source):
+        raise ValueError(f"{source.file}: $.provenance.machine.accelerator is {accelerator(source)!r} where "
+                         f"{ledger.file} has {accelerator(ledger)!r}: a between-start spread belongs to a kind of "
                          "machine")
     ledger.data["start_spread"] = shared
     ledger.spread_from = source.id
