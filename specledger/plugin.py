@@ -169,6 +169,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     params = []
     selectors = _selectors(metafunc.config)
+    spread_source = _spread_source(metafunc.config)
     for path in _ledger_paths(metafunc.config):
         try:
             ledger = load_ledger(path)
@@ -176,25 +177,34 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             raise pytest.UsageError(str(exc)) from None
         if ledger.status == "reference":
             continue  # published elsewhere: nothing here can reproduce it
-        _borrow_spread(metafunc.config, ledger)
+        _borrow_spread(ledger, spread_source)
         # One xdist group per ledger: --dist loadgroup starts a ledger's engines on one worker only.
         marks = [pytest.mark.gpu if ledger.is_gpu() else pytest.mark.engine, pytest.mark.xdist_group(ledger.id)]
         params += [pytest.param(p, id=p.test_id, marks=marks) for p in selection.points(ledger, selectors)]
     metafunc.parametrize("ledger_point", params)
 
 
-def _borrow_spread(config: pytest.Config, ledger: Ledger) -> None:
-    """--ledger-start-spread-from: the named ledger's between-start spread for a ledger without one, where both ran
-    on one kind of accelerator (the ledgers of other kinds keep judging one start's windows, and their verdicts say
-    so). Verify only: pytest_configure refuses it with a recording, which would write the spread into the ledger."""
+def _spread_source(config: pytest.Config) -> Ledger | None:
+    """--ledger-start-spread-from: the ledger whose between-start spread a selected ledger without one borrows, read
+    once for all of them. Verify only: pytest_configure refuses it with a recording, which would write the spread
+    into the ledger."""
     source_path = config.getoption("--ledger-start-spread-from", default=None)
     if source_path is None:
+        return None
+    try:
+        return load_ledger(Path(source_path))
+    except LedgerError as exc:  # the file, and the JSON path, named
+        raise pytest.UsageError(f"--ledger-start-spread-from: {exc}") from None
+
+
+def _borrow_spread(ledger: Ledger, source: Ledger | None) -> None:
+    """``source``'s between-start spread for ``ledger``, where both ran on one kind of accelerator (the ledgers of
+    other kinds keep judging one start's windows, and their verdicts say so)."""
+    if source is None or figures.accelerator(source) != figures.accelerator(ledger):
         return
     try:
-        source = load_ledger(Path(source_path))
-        if figures.accelerator(source) == figures.accelerator(ledger):
-            figures.borrow_start_spread(ledger, source)
-    except ValueError as exc:  # a LedgerError too: the file, and the JSON path, named
+        figures.borrow_start_spread(ledger, source)
+    except ValueError as exc:  # the file, and the JSON path, named
         raise pytest.UsageError(f"--ledger-start-spread-from: {exc}") from None
 
 

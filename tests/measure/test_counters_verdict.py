@@ -371,9 +371,13 @@ def _v3_point(base, spec, length=3.0, acceptance_from="pass"):
     return point
 
 
-def _verify(fresh_base, fresh_spec, *, length=3.0, not_comparable=None, committed_version=3):
+def _verify(fresh_base, fresh_spec, *, length=3.0, not_comparable=None, committed_version=3,
+            spread_from: Ledger | None = None):
+    """A verdict of one start a side; ``spread_from``: the ledger whose between-start spread it borrows."""
     ledger = _ledger_with_arms()
     ledger.data["tolerances"] = {"multiplier_rel": 0.1, "acceptance_length_abs": 0.2, "output_tokens_per_s_rel": 0.5}
+    if spread_from is not None:
+        assert figures.borrow_start_spread(ledger, spread_from)
     committed = _v3_point([100, 104, 96, 102, 98, 101], [150, 156, 144, 153, 147, 151])
     committed["protocol_version"] = committed_version
     fresh = _v3_point(fresh_base, fresh_spec, length)
@@ -452,15 +456,6 @@ def _spread_source(accelerator: str | None = None, log_sd: float = 0.11) -> Ledg
     return source
 
 
-def _verify_borrowing(fresh_base, fresh_spec, source: Ledger):
-    ledger = _ledger_with_arms()
-    ledger.data["tolerances"] = {"multiplier_rel": 0.1, "acceptance_length_abs": 0.2, "output_tokens_per_s_rel": 0.5}
-    ledger.data.setdefault("provenance", {}).setdefault("machine", {})["accelerator"] = None
-    assert figures.borrow_start_spread(ledger, source)
-    committed = _v3_point([100, 104, 96, 102, 98, 101], [150, 156, 144, 153, 147, 151])
-    return verdict.compare_point(ledger, "spec", committed, _v3_point(fresh_base, fresh_spec))
-
-
 def test_a_borrowed_between_start_spread_keeps_a_new_host_state_from_reading_as_a_change():
     """One start a side: the windows call a +24% multiplier "changed" (2026-12-07, the H100 fp8 KV ledger's copy
     c=8: +23.6% where three starts read 0.891, 1.004, 1.101); judged with a spread measured on the same kind of
@@ -468,13 +463,13 @@ def test_a_borrowed_between_start_spread_keeps_a_new_host_state_from_reading_as_
     base = [100, 104, 96, 102, 98, 101]
     faster = [round(b * 1.5 * 1.24, 1) for b in base]
     assert _verify(base, faster).outcome == "changed"  # the windows of one start on each side
-    borrowed = _verify_borrowing(base, faster, _spread_source())
+    borrowed = _verify(base, faster, spread_from=_spread_source())
     figure = borrowed.figure("multiplier")
     assert borrowed.outcome == "inconclusive" and borrowed.ok
     assert figure.verdict.unit == "engine starts" and figure.verdict.change.low < 0.1 < figure.verdict.change.high
     assert verdict.ONE_START_EACH not in borrowed.notes
     assert any("measured-on-this-machine-kind" in note for note in borrowed.notes)
-    tenfold = _verify_borrowing(base, [b * 15 for b in base], _spread_source())
+    tenfold = _verify(base, [b * 15 for b in base], spread_from=_spread_source())
     assert tenfold.outcome == "changed" and tenfold.figure("multiplier").verdict.direction == "up"
 
 
