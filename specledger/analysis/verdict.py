@@ -291,15 +291,17 @@ def acceptance_check(committed_arm: Mapping[str, Any], measured_arm: Mapping[str
         return Check("acceptance_length", c, float("nan"), c - bar_abs, c + bar_abs,
                      "no drafts were counted in the measurement"), None
     other_tokens = acceptance_sources_differ(c_acc, m_acc, committed_requests=committed_arm.get("requests"),
-                                             measured_requests=measured_arm.get("requests"))
+                                             measured_requests=measured_arm.get("requests"),
+                                             committed_starts=figures.arm_start_count(committed_arm),
+                                             measured_starts=figures.arm_start_count(measured_arm))
     if other_tokens:
         return None, other_tokens
     return Check("acceptance_length", c, float(m), c - bar_abs, c + bar_abs, f"±{bar_abs:g}"), None
 
 
 def acceptance_sources_differ(committed: Mapping[str, Any], measured: Mapping[str, Any], *,
-                              committed_requests: int | None = None, measured_requests: int | None = None
-                              ) -> str | None:
+                              committed_requests: int | None = None, measured_requests: int | None = None,
+                              committed_starts: int = 1, measured_starts: int = 1) -> str | None:
     """Why two acceptance figures count different tokens (so a bar between them means nothing), or None.
 
     From a pass, both count the same prompts (`figures.passes_over_the_same_prompts`: a point with several engine
@@ -307,15 +309,18 @@ def acceptance_sources_differ(committed: Mapping[str, Any], measured: Mapping[st
     (absent ``from``: windows, as every ledger recorded before the pass). Two window figures are never
     the same tokens: over HTTP on a CI machine 3.4x slower, the CPU ledger's copy:0:2 ngram windows
     held 40 requests against the recording's 59, and the length moved by 0.115 against a bar of 0.1
-    with nothing wrong (2026-12-06). ``*_requests``: the arm's timed requests, named in the reason.
+    with nothing wrong (2026-12-06). ``*_requests``: the arm's timed requests, named in the reason; ``*_starts``:
+    the engine starts of each side's arm, whose passes a figure may sum.
     """
     legacy = LEGACY_ACCEPTANCE["from"]
     c_from, m_from = committed.get("from", legacy), measured.get("from", legacy)
     if c_from != m_from:
         return f"committed from the {c_from}, measured from the {m_from}: re-record the point to compare them"
-    if c_from == "pass" and not figures.passes_over_the_same_prompts(committed, measured):
-        return (f"the committed pass covered {committed.get('requests')} prompts, this one "
-                f"{measured.get('requests')}")
+    if c_from == "pass" and not figures.passes_over_the_same_prompts(committed, measured,
+                                                                     one_starts=committed_starts,
+                                                                     other_starts=measured_starts):
+        return (f"the committed pass covered {committed.get('requests')} prompts in {committed_starts} engine "
+                f"start(s), this one {measured.get('requests')} in {measured_starts}")
     if c_from == "windows":
         held = ("" if committed_requests is None or measured_requests is None
                 else f" ({committed_requests} committed, {measured_requests} here)")

@@ -29,6 +29,8 @@ __all__ = [
     "decimals_of",
     "decimals_word",
     "engine_starts",
+    "arm_start_count",
+    "passes_over_the_same_prompts",
     "start_spread",
     "borrow_start_spread",
     "accelerator",
@@ -216,16 +218,28 @@ def is_ci_bar(what: str) -> bool:
     return what in (CI_BAR, CI_BAR_OVER_STARTS)
 
 
-def passes_over_the_same_prompts(one: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
-    """Whether two acceptance figures count the same prompts: both from the pass, and one's requests a whole number
-    of the other's. Every engine start's pass runs the point's same prompts, and a point measured in several starts
-    sums their passes (86 = 2 x 43).
+def passes_over_the_same_prompts(one: Mapping[str, Any], other: Mapping[str, Any], *, one_starts: int,
+                                 other_starts: int) -> bool:
+    """Whether two acceptance figures count the same prompts: both from the pass, each the sum of whole passes over
+    one per-start prompt set, and neither summing more passes than its arm has engine starts. Every engine start's
+    pass runs the point's same prompts, so a point measured in several starts sums their passes (86 = 2 x 43,
+    129 = 3 x 43): the per-start set is the greatest common divisor of the two counts.
 
-    Why one home: adding a start pools passes by this rule (`measure.replication`), and a verification asserts the
-    acceptance bar by it; comparing requests for equality there left every point with two starts without an
-    acceptance check against a one-start run (found 2026-12-06, comparing the fp8-KV ledger with bf16)."""
+    Why one home: adding a start pools passes by this rule (`measure.replication`), and a verification and
+    `specledger compare` assert the acceptance bar by it. Equal counts left every point of two starts without an
+    acceptance check against a one-start run (2026-12-06); "one count a multiple of the other" then left three
+    starts against two unchecked (129 against 86: the H100 fp8 KV ledger against bf16, 2026-12-07), and took one
+    start of 80 prompts for two of 40. ``*_starts``: the engine starts of each figure's arm (`engine_starts`)."""
     a, b = int(one.get("requests") or 0), int(other.get("requests") or 0)
-    return one.get("from") == other.get("from") == "pass" and a > 0 and b > 0 and max(a, b) % min(a, b) == 0
+    if not (one.get("from") == other.get("from") == "pass" and a > 0 and b > 0):
+        return False
+    per_start = math.gcd(a, b)
+    return a // per_start <= max(1, one_starts) and b // per_start <= max(1, other_starts)
+
+
+def arm_start_count(arm_result: Mapping[str, Any] | None) -> int:
+    """How many engine starts an arm's repeats came from (one for a point recorded before starts were kept)."""
+    return max(1, len(set(engine_starts(arm_result))))
 
 
 def acceptance_length(accepted_tokens: int, drafts: int) -> float:

@@ -36,16 +36,18 @@ class StartMismatch(SpecledgerError, ValueError):
     """The added start cannot join the point: another protocol version or other arms."""
 
 
-def _acceptance(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None, k: int | None,
+def _acceptance(old_arm: Mapping[str, Any], new_arm: Mapping[str, Any], k: int | None,
                 ledger: Ledger) -> dict[str, Any] | None:
     """Counts of passes over the same prompts, added; otherwise the added start's.
 
     The committed counts may already sum several starts' passes (`figures.passes_over_the_same_prompts`): comparing
     them for equality dropped every earlier pass from a point's third start on (2026-12-03, copy c=1, 8 and 16 of
     the Qwen ledger)."""
+    old, new = old_arm.get("acceptance"), new_arm.get("acceptance")
     if not old or not new:
         return copy.deepcopy(dict(new)) if new else None
-    if not figures.passes_over_the_same_prompts(old, new):
+    if not figures.passes_over_the_same_prompts(old, new, one_starts=figures.arm_start_count(old_arm),
+                                                other_starts=figures.arm_start_count(new_arm)):
         return copy.deepcopy(dict(new))
     acc = counters.acceptance(counters.add(old, new), k)
     if acc is None:
@@ -109,7 +111,7 @@ def add_start(ledger: Ledger, committed: Mapping[str, Any], measured: Mapping[st
         if arm["role"] in ("speculative", "policy"):
             result.update(recording.arm_multipliers(ledger, name, tps, starts))
             k = (arm.get("speculative_config") or {}).get("num_speculative_tokens")
-            acc = _acceptance(old.get("acceptance"), new.get("acceptance"), k, ledger)
+            acc = _acceptance(old, new, k, ledger)
             result.pop("acceptance", None)
             if acc is not None:
                 result["acceptance"] = acc

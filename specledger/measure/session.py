@@ -405,7 +405,7 @@ class SuiteSession:
     @staticmethod
     def _start_count(point: dict[str, Any]) -> int:
         """How many engine starts a point's windows came from (every arm runs in every start)."""
-        return len(set(figures.engine_starts(next(iter(point["arms"].values())))))
+        return figures.arm_start_count(next(iter(point["arms"].values())))
 
     @staticmethod
     def _multipliers(point: dict[str, Any]) -> str:

@@ -95,3 +95,33 @@ def test_the_interval_of_rounded_centres_holds_the_exact_ratio(spec, base, decim
     low, high, _ = found
     exact = spec / base
     assert low - figures.eps(exact) <= exact <= high + figures.eps(exact)
+
+
+def _pass(requests: int, source: str = "pass") -> dict:
+    return {"from": source, "requests": requests}
+
+
+@pytest.mark.parametrize(("one", "one_starts", "other", "other_starts", "same"), [
+    (86, 2, 43, 1, True),     # two starts' passes over the same 43 prompts, against one
+    (129, 3, 86, 2, True),    # three against two: the H100 fp8 KV ledger against bf16 (2026-12-07)
+    (43, 3, 86, 2, True),     # a ledger whose earlier passes were dropped (2026-12-03) sums fewer passes than starts
+    (80, 1, 40, 1, False),    # one start of 80 prompts is another prompt set than one of 40
+    (120, 2, 80, 2, False),   # 3 x 40 cannot come from two starts
+    (43, 1, 40, 1, False),
+    (43, 1, 0, 1, False),
+])
+def test_passes_over_the_same_prompts_are_whole_per_start_sets_no_more_than_the_starts(
+        one: int, one_starts: int, other: int, other_starts: int, same: bool):
+    assert figures.passes_over_the_same_prompts(_pass(one), _pass(other), one_starts=one_starts,
+                                                other_starts=other_starts) is same
+    assert figures.passes_over_the_same_prompts(_pass(other), _pass(one), one_starts=other_starts,
+                                                other_starts=one_starts) is same
+
+
+def test_acceptance_from_windows_is_never_the_same_prompts_and_starts_come_from_the_windows():
+    assert not figures.passes_over_the_same_prompts(_pass(43, "windows"), _pass(43, "windows"), one_starts=1,
+                                                    other_starts=1)
+    arm = {"output_tokens_per_s": {"repeats": [1.0, 2.0, 3.0]}, "window": {"start": [0, 0, 2]}}
+    assert figures.arm_start_count(arm) == 2
+    assert figures.arm_start_count({"output_tokens_per_s": {"repeats": [1.0]}}) == 1  # before starts were kept
+    assert figures.arm_start_count(None) == 1

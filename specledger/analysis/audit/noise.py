@@ -11,7 +11,7 @@ from typing import Any
 from specledger import stats
 from specledger.analysis import theory
 from specledger.analysis.audit.base import Auditor, where
-from specledger.ledger.figures import engine_starts, is_v3, start_spread
+from specledger.ledger.figures import arm_start_count, is_v3, start_spread
 
 
 def _pct_up(share: float) -> int:
@@ -168,7 +168,7 @@ def _resolution_over_starts(a: Auditor, i: int, arm: str, spread: stats.StartSpr
 
     Judged at the point with the fewest committed starts (the widest): one fresh start, which a nightly run is,
     then the fresh starts that would do (``MAX_STARTS_ADVISED`` at most), and else the starts on each side."""
-    counts = [len(set(engine_starts(point["arms"][arm]))) for point in a.ledger.points
+    counts = [arm_start_count(point["arms"][arm]) for point in a.ledger.points
               if is_v3(point) and (point["arms"].get(arm) or {}).get("multiplier")]
     if not counts:
         return
