@@ -1079,6 +1079,27 @@ def test_several_engine_starts_stop_at_the_time_budget(monkeypatch):
     session.close()
 
 
+def test_a_point_left_out_by_the_time_budget_names_the_run_that_measures_it():
+    """--ledger-only-missing skips a point the ledger has: it is the resume of a recording alone. An added start
+    left out by the budget (free-form c=8 of the H100 fp8 KV visit, twice on 2026-12-07) or a verification is
+    measured by naming the point."""
+    from specledger.measure.session import SuiteSession
+
+    ledger = _ledger_with_arms()
+    key = (ledger.data["workloads"][0]["name"], 0.0, 2)
+    label = f"{key[0]}:0:2"
+    modes = {(True, False): "(resume with --ledger-record --ledger-only-missing)",
+             (True, True): f"(measure it with --ledger-record --ledger-add-start --ledger-points {label})",
+             (False, False): f"(measure it with --ledger-points {label})"}
+    for (record, add_start), advice in modes.items():
+        session = SuiteSession(root=ROOT, record=record, add_start=add_start, progress=lambda _: None, budget_s=-1.0)
+        why = session.over_budget(ledger, key)
+        assert why is not None and why.startswith("time budget: ") and why.endswith(advice), why
+        assert SuiteSession(root=ROOT, record=record, add_start=add_start, progress=lambda _: None,
+                            budget_s=None).over_budget(ledger, key) is None
+        session.close()
+
+
 def test_the_compile_phase_runs_once_before_the_first_of_several_engine_starts(monkeypatch):
     """--ledger-compile-first with --ledger-starts 3: the arms are built side by side once, before the first start;
     the later starts find the compile cache warm. Without the option, never."""
