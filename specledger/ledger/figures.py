@@ -41,6 +41,7 @@ __all__ = [
     "start_spread_homogeneity",
     "pooled_intervals",
     "per_start_figures",
+    "figures_by_start",
     "is_ci_bar",
     "interval_field",
     "half_unit",
@@ -340,6 +341,14 @@ def per_start_figures(ledger: Ledger, point: Mapping[str, Any], name: str) -> di
         if field_name in result and len(base_values) == len(values):  # paired window by window
             out[field_name] = stats.start_multipliers(values, base_values, starts)
     return out
+
+
+def figures_by_start(ledger: Ledger, point: Mapping[str, Any], name: str) -> dict[int, dict[str, float]]:
+    """`per_start_figures` keyed by each engine start's number (``window.start``, in the order the windows hold
+    them): how `specledger show` lists a point's starts and how a report's claim names one (``start=N``)."""
+    per_start = per_start_figures(ledger, point, name)
+    order = list(dict.fromkeys(engine_starts(point["arms"][name])))
+    return {start: {f: values[i] for f, values in per_start.items()} for i, start in enumerate(order)}
 
 
 def _per_start_groups(ledger: Ledger) -> dict[str, dict[str, list[list[float]]]]:

@@ -154,7 +154,7 @@ def starts_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
 
     Why: ``start_spread`` says how far a ledger's starts disagree, not which start or why. On the H100 Qwen ledger
     a second lease ran the host slice at 26 ms where the first ran it at 11, and its c=64 baseline fell 62%: a
-    reader of a wide interval needs to see that beside the figures (``figures.per_start_figures`` makes them)."""
+    reader of a wide interval needs to see that beside the figures (``figures.figures_by_start`` makes them)."""
     rows: list[dict[str, Any]] = []
     for ledger in ledgers:
         for point in ledger.points:
@@ -165,7 +165,7 @@ def starts_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
                 order = list(dict.fromkeys(starts))
                 if len(order) < 2:
                     continue
-                per_start = figures.per_start_figures(ledger, point, name)
+                by_start = figures.figures_by_start(ledger, point, name)
                 host = _per_start_window_statistic(result, "host_slice_ms", starts, "median")
                 steal = _per_start_window_statistic(result, "cpu_steal_share", starts, "mean")
                 for i, start in enumerate(order):
@@ -173,7 +173,7 @@ def starts_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
                         "ledger": ledger.id, "arm": name, "workload": point["workload"],
                         "temperature": _number(point["temperature"]), "concurrency": point["concurrency"],
                         "start": start, "windows": starts.count(start),
-                        **{f: (per_start[f][i] if f in per_start else _NAN)
+                        **{f: by_start[start].get(f, _NAN)
                            for f in ("output_tokens_per_s", "multiplier", "multiplier_vs_matched")},
                         "host_slice_ms": host[i], "cpu_steal_share": steal[i],
                     })

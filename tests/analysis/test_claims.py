@@ -463,3 +463,61 @@ def test_a_v3_multiplier_claim_is_checked_against_the_ratio_of_means_not_of_medi
     assert wrong.status == "fails" and "ratio of means" in wrong.reason
     right = check(v3, f"h200-smollm2-copy ngram copy:1:1 multiplier = {of_means:.3f}")
     assert right.status == "holds" and "ratio of means" in right.reason
+
+
+# -- one engine start's own figure ----------------------------------------------------------------
+
+FP8KV = "h100-qwen2.5-coder-1.5b-fp8kv"
+
+
+@pytest.fixture(scope="module")
+def replicated() -> LedgerSet:
+    """The H100 fp8 KV ledger: copy c=4 and 64 in three engine starts (2026-12-06 and two of 2026-12-07)."""
+    return LedgerSet.load([ROOT / "ledgers" / f"{FP8KV}.json"])
+
+
+def test_a_start_claim_is_that_starts_own_figure_from_its_windows(replicated):
+    from specledger.ledger import figures
+
+    ledger = replicated.get(FP8KV)
+    point = ledger.find_point("copy", 0.0, 64)
+    by_start = figures.figures_by_start(ledger, point, "ngram")
+    assert sorted(by_start) == [0, 1, 2]
+    spec, base = point["arms"]["ngram"], point["arms"]["baseline"]
+    starts = figures.engine_starts(spec)
+    for start in by_start:  # each start's paired ratio of means, and its mean tokens/s, from the stored repeats
+        s_val = [v for v, k in zip(spec["output_tokens_per_s"]["repeats"], starts, strict=True) if k == start]
+        b_val = [v for v, k in zip(base["output_tokens_per_s"]["repeats"], starts, strict=True) if k == start]
+        assert by_start[start]["output_tokens_per_s"] == pytest.approx(sum(s_val) / len(s_val))
+        assert by_start[start]["multiplier"] == pytest.approx(sum(s_val) / sum(b_val))
+    shown = " -> ".join(f"{by_start[k]['multiplier']:.3f}" for k in (0, 1, 2))
+    verdict = check(replicated, f"{FP8KV} ngram copy:0:64 start=0->1->2 multiplier = {shown}")
+    assert verdict.status == "holds", verdict.reason
+    wrong = check(replicated, f"{FP8KV} ngram copy:0:64 start=1 multiplier = {by_start[2]['multiplier']:.3f}")
+    assert wrong.status == "fails" and "start 1's multiplier" in wrong.reason
+    tps = round(by_start[1]["output_tokens_per_s"])
+    assert check(replicated, f"{FP8KV} baseline copy:0:64 start=1 output_tokens_per_s = {tps:,}").status == "fails"
+    base_tps = round(figures.figures_by_start(ledger, point, "baseline")[1]["output_tokens_per_s"])
+    assert check(replicated, f"{FP8KV} baseline copy:0:64 start=1 output_tokens_per_s = {base_tps:,}").status \
+        == "holds"
+
+
+def test_a_start_the_point_does_not_have_is_unresolved_and_start_takes_only_per_start_figures(replicated):
+    missing = check(replicated, f"{FP8KV} ngram copy:0:64 start=3 multiplier = 1.6")
+    assert missing.status == "unresolved" and "no engine start 3 at this point (starts: 0, 1, 2)" in missing.reason
+    one_start = check(replicated, f"{FP8KV} ngram free-form:0:8 start=1 multiplier = 0.4")
+    assert one_start.status == "unresolved" and "(starts: 0)" in one_start.reason
+    assert "start= takes one of" in malformed(f"{FP8KV} ngram copy:0:64 start=1 acceptance_length = 4.0")
+    assert "takes no start=" in malformed(f"{FP8KV} ngram start=1 kv_cache_tokens = 1")
+    assert "start=x" in malformed(f"{FP8KV} ngram copy:0:64 start=x multiplier = 1.6")
+    assert parse(f"{FP8KV} ngram copy:0:64 start=0 multiplier = 1.652").subjects[0].start == 0
+
+
+def test_a_number_shown_beside_its_start_claim_is_audited(replicated, tmp_path):
+    report = tmp_path / "r.md"
+    report.write_text("# r\n\nby start 1.652x, 1.681x and 1.674x "
+                      f"<!-- claim: {FP8KV} ngram copy:0:64 start=0->1->2 multiplier = 1.652 -> 1.681 -> 1.674 -->\n")
+    audit = audit_report(report, replicated)
+    assert [v.status for v in audit.verdicts] == ["holds"] and audit.unaudited == []
+    report.write_text(f"# r\n\nby start 1.652x and 1.681x <!-- claim: {FP8KV} ngram copy:0:64 multiplier = 1.669 -->\n")
+    assert len(audit_report(report, replicated).unaudited) == 2  # the point's figure does not vouch for its starts

@@ -504,7 +504,8 @@ def test_acceptance_lengths_of_different_tokens_are_shown_not_asserted():
     assert [c.metric for c in result.checks] == [] and result.outcome != "failed"
     assert any("not asserted: committed from the windows, measured from the pass" in n for n in result.notes)
     committed["arms"]["spec"]["acceptance"].update({"from": "pass", "requests": 40})
-    assert "covered 40 prompts in 1 engine start(s), this one 43 in 1" in verdict.compare_point(ledger, "spec", committed, fresh).message("t")
+    assert "covered 40 prompts in 1 engine start(s), this one 43 in 1" in verdict.compare_point(
+        ledger, "spec", committed, fresh).message("t")
     committed["arms"]["spec"]["acceptance"]["requests"] = 43  # the same pass: asserted, and 2.0 is out
     assert verdict.compare_point(ledger, "spec", committed, fresh).outcome == "failed"
     committed["arms"]["spec"]["acceptance"]["requests"] = 86  # one start cannot have run two passes of 43

@@ -8,7 +8,7 @@ The mark is an HTML comment on the same line, invisible when GitHub renders the 
 
 Grammar (one comment, on one line):
 
-    claim: LEDGER ARM [WORKLOAD[:T[:C]]] [ctx=n] METRIC = VALUE
+    claim: LEDGER ARM [WORKLOAD[:T[:C]]] [ctx=n] [start=n] METRIC = VALUE
 
 LEDGER is a ledger `id` (not a file name). The point is written as everywhere else in specledger
 (`--ledger-points`, test ids, progress lines): `copy:0:16`. T and C left out, or written `-`, mean
@@ -18,6 +18,9 @@ may list several values joined by `->` (`baseline->dflash2`, `copy:0:1->64`); VA
 many numbers (`6.7 -> 4.3`). A value is checked at the decimals it is written with ("0.3": 1;
 "-36%" is -0.36 at 2), against every source the ledger has for it (stored figure, ratio of
 medians, counters): it holds when one of them rounds to it, and the verdict says which.
+`start=N` takes one engine start's own multiplier, multiplier_vs_matched or output_tokens_per_s (the
+mean of its windows) at a point measured in several, numbered as `specledger show`'s engine-starts
+table numbers them (`start=0->1->2` with `1.652 -> 1.681 -> 1.674`).
 `critical_concurrency` takes `4..8` (crosses 1.0 between), `4.76`, `4.76 in 4..8`,
 `no-crossing`, `stays-above` or `starts-below`.
 

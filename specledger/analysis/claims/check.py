@@ -147,6 +147,8 @@ def _point_sources(ledger: Ledger, metric: str, s: Subject) -> list[_Source]:
     result = point["arms"].get(s.arm)
     if result is None:
         raise Unresolved(f"the point has no result for arm {s.arm!r}")
+    if s.start is not None:
+        return _start_sources(ledger, point, metric, s)
     rounding = ledger.rounding_for(point)
     tps = rounding["output_tokens_per_s"]
     acc = result.get("acceptance") or {}
@@ -188,6 +190,19 @@ def _point_sources(ledger: Ledger, metric: str, s: Subject) -> list[_Source]:
         exact = acc["accepted_tokens"] / acc["draft_tokens"]
         sources.append(_Source(f"counters {acc['accepted_tokens']}/{acc['draft_tokens']} = {exact:.4f}", exact, exact))
     return sources
+
+
+def _start_sources(ledger: Ledger, point: dict[str, Any], metric: str, s: Subject) -> list[_Source]:
+    """One engine start's own figure, from its windows' repeats as the ledger keeps them (no stored figure to round:
+    the value is exact, and the stated decimals are checked against it)."""
+    by_start = figures.figures_by_start(ledger, point, s.arm)
+    if s.start not in by_start:
+        have = ", ".join(map(str, by_start)) or "none"
+        raise Unresolved(f"arm {s.arm!r} has no engine start {s.start} at this point (starts: {have})")
+    value = by_start[s.start].get(metric)
+    if value is None:
+        raise Unresolved(f"arm {s.arm!r} has no {metric} of its own in start {s.start}")
+    return [_Source(f"start {s.start}'s {metric} {value:.4f}", value, value)]
 
 
 def _arm_sources(ledger: Ledger, metric: str, s: Subject) -> list[_Source]:

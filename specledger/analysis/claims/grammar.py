@@ -30,6 +30,9 @@ CI_BOUNDS = {"low": 0, "high": 1}
 #: Figures of one arm as a whole (its KV cache); `sessions` also needs ctx=.
 ARM_METRICS = ("kv_cache_tokens", "kv_cache_change", "sessions")
 CRITICAL = "critical_concurrency"
+#: Point figures that each engine start of a point has on its own (`start=N`, the start as `specledger show` numbers
+#: it): what a report quotes when it says how far a point's starts disagree.
+START_METRICS = ("multiplier", "multiplier_vs_matched", "output_tokens_per_s")
 METRICS = (*POINT_METRICS, *ARM_METRICS, CRITICAL)
 #: Which claims can vouch for a visible number with this unit.
 UNIT_METRICS: dict[str, tuple[str, ...]] = {
@@ -71,6 +74,7 @@ class Subject:
     temperature: float | None = None
     concurrency: int | None = None
     context: int | None = None
+    start: int | None = None
 
 
 @dataclass(frozen=True)
@@ -154,7 +158,7 @@ class Verdict:
 NUMBER_PATTERN = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
 _STATED = re.compile(rf"^[+-]?(?:{NUMBER_PATTERN})%?$")
 _RANGE = re.compile(r"^(\d+)\.\.(\d+)$")
-_KEYS = ("T", "c", "ctx")
+_KEYS = ("T", "c", "ctx", "start")
 
 
 class _Syntax(ValueError):
@@ -186,6 +190,13 @@ def _whole(key: str, text: str, allow_null: bool) -> int | None:
         return None
     if not text.isdigit() or int(text) < 1:
         raise _Syntax(f"{key}={text}: expected a positive whole number" + (" or '-'" if allow_null else ""))
+    return int(text)
+
+
+def _start(text: str) -> int:
+    """An engine start as `specledger show` and the ledger's ``window.start`` number it: 0 is the recording's."""
+    if not text.isdigit():
+        raise _Syntax(f"start={text}: expected an engine start's number (0, 1, ...)")
     return int(text)
 
 
@@ -222,7 +233,7 @@ def _slots(selectors: Sequence[str]) -> tuple[list[list[str]], dict[str, list[st
         key, sep, value = token.partition("=")
         if sep:
             if key not in _KEYS:
-                raise _Syntax(f"unknown selector {token!r} (known: T=, c=, ctx=)")
+                raise _Syntax(f"unknown selector {token!r} (known: T=, c=, ctx=, start=)")
             if key in keyed:
                 raise _Syntax(f"{key}= given twice" + (" (once in the WORKLOAD:T:C point)" if key in in_point else ""))
             keyed[key] = value.split("->")
@@ -248,6 +259,8 @@ def _check_selectors(metric: str, positional: list[list[str]], keyed: dict[str, 
     if not positional:
         raise _Syntax("names no arm")
     if metric in ARM_METRICS:
+        if "start" in keyed:
+            raise _Syntax(f"{metric} is a figure of the arm: it takes no start=")
         if len(positional) > 1 or "T" in keyed or "c" in keyed:
             raise _Syntax(f"{metric} is a figure of the arm: name no workload or point")
         if metric == "sessions" and "ctx" not in keyed:
@@ -261,6 +274,8 @@ def _check_selectors(metric: str, positional: list[list[str]], keyed: dict[str, 
         raise _Syntax(f"{metric} takes no ctx=")
     if metric == CRITICAL and "c" in keyed:
         raise _Syntax("critical_concurrency is over the concurrency curve: name no concurrency (write copy:0)")
+    if "start" in keyed and metric not in START_METRICS:
+        raise _Syntax(f"start= takes one of {', '.join(START_METRICS)} (an engine start's own figure), not {metric}")
 
 
 def parse_claim(body: str, file: str, line: int) -> Claim | Malformed:
@@ -291,6 +306,7 @@ def _parse(text: str, file: str, line: int) -> Claim:
     slots["T"] = [_temperature(v) for v in keyed.get("T", ["-"])]
     slots["c"] = [_whole("c", v, True) for v in keyed.get("c", ["-"])]
     slots["ctx"] = [_whole("ctx", v, False) for v in keyed["ctx"]] if "ctx" in keyed else [None]
+    slots["start"] = [_start(v) for v in keyed["start"]] if "start" in keyed else [None]
     varying = [name for name, values in slots.items() if len(values) > 1]
     if len(varying) > 1:
         raise _Syntax(f"'->' in more than one slot ({', '.join(varying)}); one claim varies one thing")
