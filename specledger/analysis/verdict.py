@@ -301,7 +301,7 @@ def acceptance_check(committed_arm: Mapping[str, Any], measured_arm: Mapping[str
 
 def acceptance_sources_differ(committed: Mapping[str, Any], measured: Mapping[str, Any], *,
                               committed_requests: int | None = None, measured_requests: int | None = None,
-                              committed_starts: int = 1, measured_starts: int = 1) -> str | None:
+                              committed_starts: int, measured_starts: int) -> str | None:
     """Why two acceptance figures count different tokens (so a bar between them means nothing), or None.
 
     From a pass, both count the same prompts (`figures.passes_over_the_same_prompts`: a point with several engine

@@ -225,7 +225,7 @@ class SuiteSession:
         committed = ledger.find_point(*key)
         if committed is None or self.not_comparable(ledger, key) is not None:
             return None
-        if ledger.data.get("start_spread") or any(len(set(figures.engine_starts(arm))) > 1
+        if ledger.data.get("start_spread") or any(figures.arm_start_count(arm) > 1
                                                   for arm in committed["arms"].values()):
             return None  # judged over engine starts: more windows of this one start cannot settle it
 

@@ -19,7 +19,7 @@ def check_start_spread(a: Auditor) -> None:
     """``start_spread`` is what the repeats give (log_sd to its 4 stated decimals, df and points exactly), and
     each pooled interval is the t interval that spread sets, to one unit of its last stated digit."""
     stated = a.ledger.data.get("start_spread") or {}
-    if not stated and not any(len(set(figures.engine_starts(result))) > 1
+    if not stated and not any(figures.arm_start_count(result) > 1
                               for point in a.ledger.points for result in point["arms"].values()):
         return  # nothing pooled and no point of two starts: scipy is not even loaded
     exact = figures.pooled_start_spreads(a.ledger)
