@@ -287,6 +287,55 @@ def start_spread_homogeneity(groups: Sequence[Sequence[float]]) -> SpreadHomogen
     return SpreadHomogeneity(float(result.statistic), float(result.pvalue), len(logs))
 
 
+@dataclass(frozen=True)
+class HostElasticity:
+    """How a figure moves with the host's speed across engine starts of the same points: the within-point slope of
+    its log on the log host slice (ms of a fixed Python loop; larger is a slower host), with a t interval.
+
+    Why: a verification calls two machines "the same" when their CPU model numbers match, but on 2026-12-07 one H100
+    host of model 143 ran the loop in 23-26 ms and another in 10 ms. If the multiplier moves with the host slice,
+    the between-start spread hides a cause a reader can check. Each point is its own group (a fixed-effects
+    regression: the point's mean is removed from both logs), so the slope compares starts of one point only and the
+    curve's own shape cannot pass for a host effect. `df` = starts - points - 1."""
+
+    slope: float
+    low: float
+    high: float
+    df: int
+    starts: int
+    points: int
+    r: float
+    host_ms_min: float
+    host_ms_max: float
+
+    def per_doubling(self) -> tuple[float, float, float]:
+        """The figure's relative change when the host slice doubles: (estimate, low, high), e.g. -0.07 = -7%."""
+        return 2.0**self.slope - 1, 2.0**self.low - 1, 2.0**self.high - 1
+
+
+def host_elasticity(groups: Sequence[tuple[Sequence[float], Sequence[float]]], *,
+                    confidence: float = 0.95) -> HostElasticity | None:
+    """`HostElasticity` from one (host slice ms per start, figure per start) pair a point; points of one start add
+    nothing. None when no degree of freedom is left or the host slice never differs within a point."""
+    pairs = [(_logs("host slices", h), _logs("per-start figures", f)) for h, f in groups if len(f) >= 2]
+    for h, f in pairs:
+        if h.size != f.size:
+            raise ValueError(f"a point has {h.size} host slices for {f.size} engine starts")
+    starts = sum(f.size for _, f in pairs)
+    df = starts - len(pairs) - 1
+    x = np.concatenate([h - h.mean() for h, _ in pairs]) if pairs else np.zeros(0)
+    y = np.concatenate([f - f.mean() for _, f in pairs]) if pairs else np.zeros(0)
+    sxx, syy, sxy = float(x @ x), float(y @ y), float(x @ y)
+    if df < 1 or sxx <= _SAME_LOG**2:
+        return None
+    slope = sxy / sxx
+    se = math.sqrt(max(syy - slope * sxy, 0.0) / df / sxx)
+    low, high = _t_interval(slope, se, df, confidence)
+    r = sxy / math.sqrt(sxx * syy) if syy > 0 else 0.0
+    hosts = np.exp(np.concatenate([h for h, _ in pairs]))
+    return HostElasticity(slope, low, high, df, starts, len(pairs), r, float(hosts.min()), float(hosts.max()))
+
+
 def _t_interval(centre_log: float, se_log: float, df: int, confidence: float) -> tuple[float, float]:
     q = float(stats.t.ppf((1 + confidence) / 2, df))
     return centre_log - q * se_log, centre_log + q * se_log

@@ -422,3 +422,33 @@ def test_identical_starts_give_the_point_as_both_bounds():
 def test_replication_errors(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_a_host_elasticity_is_the_slope_within_points_not_across_them():
+    """Starts of a point whose figure falls 10% per doubled host slice, on a curve where the slow-host points are
+    also the high-multiplier ones: the within-point slope recovers -10% (its interval covers the truth, excludes
+    0), where a pooled regression across points would read the curve's shape as a host effect of the other sign."""
+    rng = np.random.default_rng(3)
+    truth = math.log2(0.9)
+    groups = []
+    for level, host_centre in zip((0.5, 1.0, 1.5, 2.0), (10.0, 14.0, 20.0, 26.0), strict=True):
+        host = list(host_centre * np.exp(rng.uniform(-0.5, 0.5, 3)))
+        figure = [level * h**truth * math.exp(rng.normal(0, 0.01)) for h in host]
+        groups.append((host, figure))
+    e = stats.host_elasticity(groups)
+    assert e is not None and (e.starts, e.points, e.df) == (12, 4, 7)
+    assert e.low < truth < e.high < 0 and e.r < -0.9
+    change, low, high = e.per_doubling()
+    assert change == pytest.approx(-0.1, abs=0.02) and low < change < high < 0
+    across = np.polyfit(np.log([h for g in groups for h in g[0]]), np.log([f for g in groups for f in g[1]]), 1)[0]
+    assert across > 0  # the confound the within-point slope removes
+    assert (e.host_ms_min, e.host_ms_max) == pytest.approx(
+        (min(h for g in groups for h in g[0]), max(h for g in groups for h in g[0])))
+
+
+def test_a_host_elasticity_needs_starts_that_differ_in_host_slice_and_a_degree_of_freedom():
+    assert stats.host_elasticity([([10.0], [1.2]), ([12.0], [1.1])]) is None  # one start a point
+    assert stats.host_elasticity([([10.0, 20.0], [1.2, 1.1])]) is None  # two starts, one point: df 0
+    assert stats.host_elasticity([([10.0, 10.0], [1.2, 1.1]), ([15.0, 15.0], [1.0, 1.3])]) is None  # same host
+    with pytest.raises(ValueError, match="3 host slices for 2 engine starts"):
+        stats.host_elasticity([([10.0, 11.0, 12.0], [1.2, 1.1])])

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -349,6 +349,51 @@ def figures_by_start(ledger: Ledger, point: Mapping[str, Any], name: str) -> dic
     per_start = per_start_figures(ledger, point, name)
     order = list(dict.fromkeys(engine_starts(point["arms"][name])))
     return {start: {f: values[i] for f, values in per_start.items()} for i, start in enumerate(order)}
+
+
+def per_start_window_statistic(result: Mapping[str, Any], key: str,
+                               statistic: Callable[[list[float]], float] = statistics.median) -> list[float]:
+    """``statistic`` of a per-window telemetry list (``window.<key>``: host_slice_ms, cpu_steal_share) for each engine
+    start of an arm's result, in start order; NaN for every start where the point did not record it (ledgers before
+    2026-12-03 have no host slice) or a window left it null."""
+    starts = engine_starts(result)
+    order = list(dict.fromkeys(starts))
+    values = ((result or {}).get("window") or {}).get(key)
+    if not values or len(values) != len(starts):
+        return [math.nan] * len(order)
+    out = []
+    for start in order:
+        mine = [float(v) for v, s in zip(values, starts, strict=True) if s == start and v is not None]
+        out.append(float(statistic(mine)) if mine else math.nan)
+    return out
+
+
+def host_elasticities(ledger: Ledger) -> dict[str, dict[str, Any]]:
+    """arm -> pooled figure -> ``stats.HostElasticity`` over the ledger's v3 points measured in two or more engine
+    starts: how the figure moves with the median host slice of that arm's windows, start by start. Arms whose
+    starts never differ in host slice, or leave no degree of freedom, are left out."""
+    from specledger import stats
+
+    groups: dict[str, dict[str, list[tuple[list[float], list[float]]]]] = {}
+    for point in ledger.data.get("points", []):
+        if not is_v3(point):
+            continue
+        for name, result in point["arms"].items():
+            if arm_start_count(result) < 2:
+                continue
+            host = per_start_window_statistic(result, "host_slice_ms")
+            if any(math.isnan(h) or h <= 0 for h in host):
+                continue
+            for field_name, per_start in per_start_figures(ledger, point, name).items():
+                if min(per_start) > 0:
+                    groups.setdefault(name, {}).setdefault(field_name, []).append((host, per_start))
+    found: dict[str, dict[str, Any]] = {}
+    for name, by_figure in groups.items():
+        for field_name, pairs in by_figure.items():
+            value = stats.host_elasticity(pairs)
+            if value is not None:
+                found.setdefault(name, {})[field_name] = value
+    return found
 
 
 def _per_start_groups(ledger: Ledger) -> dict[str, dict[str, list[list[float]]]]:

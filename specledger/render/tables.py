@@ -9,6 +9,7 @@ and an unpublished concurrency as <NA>. No vLLM here.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -135,19 +136,6 @@ def points_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
     return df.astype({c: float for c in float_columns})
 
 
-def _per_start_window_statistic(result: Mapping[str, Any], key: str, starts: Sequence[int], statistic: str
-                                ) -> list[float]:
-    """``statistic`` ("median" or "mean") of a per-window telemetry list for each engine start, in start order; NaN
-    where the point did not record it (ledgers before 2026-12-03 have no host slice)."""
-    values = (result.get("window") or {}).get(key)
-    order = list(dict.fromkeys(starts))
-    if not values or len(values) != len(starts):
-        return [_NAN] * len(order)
-    grouped = pd.Series([_number(v) for v in values]).groupby(list(starts), sort=False)
-    by_start = grouped.median() if statistic == "median" else grouped.mean()
-    return [float(by_start[s]) for s in order]
-
-
 def starts_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
     """One row per (ledger, arm, point measured in two or more engine starts, start), in start order: that start's
     mean output tokens/s and multipliers beside the host state its windows saw (median host slice, mean CPU steal).
@@ -166,8 +154,8 @@ def starts_table(ledgers: Iterable[Ledger]) -> pd.DataFrame:
                 if len(order) < 2:
                     continue
                 by_start = figures.figures_by_start(ledger, point, name)
-                host = _per_start_window_statistic(result, "host_slice_ms", starts, "median")
-                steal = _per_start_window_statistic(result, "cpu_steal_share", starts, "mean")
+                host = figures.per_start_window_statistic(result, "host_slice_ms")
+                steal = figures.per_start_window_statistic(result, "cpu_steal_share", statistics.fmean)
                 for i, start in enumerate(order):
                     rows.append({
                         "ledger": ledger.id, "arm": name, "workload": point["workload"],

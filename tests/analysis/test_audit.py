@@ -688,3 +688,32 @@ def test_the_stated_between_start_spread_and_its_intervals_are_recomputed_from_t
     (finding,) = [f for f in audit(widened) if f.code == "start-spread"]
     assert finding.json_path == f"$.points[{index}].arms.ngram.multiplier_ci95"
     assert f"t interval over the point's starts with the arm's pooled spread: {low}..{high}" in finding.message
+
+
+H100_FP8KV = ROOT / "ledgers" / "h100-qwen2.5-coder-1.5b-fp8kv.json"
+
+
+def test_the_host_sensitivity_finding_is_the_within_point_slope_of_shows_engine_starts_table():
+    """The finding's figures are what a reader gets from `specledger show`'s engine-starts table (its host slice and
+    per-start figures, through stats.host_elasticity): two homes, one answer. On the H100 fp8 KV ledger, whose
+    starts ran on hosts 2.5x apart, the baseline's tokens/s moves with the host and ngram's multiplier does not
+    resolve a dependence (the paired ratio cancels the host)."""
+    from specledger import stats
+    from specledger.render.tables import starts_table
+
+    ledger = load_ledger(H100_FP8KV)
+    found = {f.json_path: f for f in audit_ledger(ledger) if f.code == "host-sensitivity"}
+    assert {f.severity for f in found.values()} == {"info"}
+    table = starts_table([ledger])
+    for arm, figure in (("baseline", "output_tokens_per_s"), ("ngram", "multiplier")):
+        rows = table[table.arm == arm]
+        groups = [(list(g.host_slice_ms), list(g[figure])) for _, g in rows.groupby(["workload", "concurrency"])]
+        e = stats.host_elasticity(groups)
+        assert e is not None
+        change, low, high = e.per_doubling()
+        message = found[f"$.start_spread.{arm}.{figure}"].message
+        assert f"{100 * change:+.1f}% per doubled host slice (95% CI {100 * low:+.1f}%..{100 * high:+.1f}%" in message
+        assert f"over {e.starts} engine starts at {e.points} points, {e.df} df" in message
+    baseline = found["$.start_spread.baseline.output_tokens_per_s"].message
+    assert "output_tokens_per_s moves with the host's speed" in baseline
+    assert "multiplier shows no resolved dependence" in found["$.start_spread.ngram.multiplier"].message

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from specledger.analysis.audit.base import SEVERITIES, Auditor, Finding, Severity
 from specledger.analysis.audit.critical import check_critical
+from specledger.analysis.audit.host import check_host_sensitivity
 from specledger.analysis.audit.kv import check_kv_cache
 from specledger.analysis.audit.noise import check_noise, check_resolution
 from specledger.analysis.audit.points import check_points
@@ -45,6 +46,7 @@ __all__ = [
 CHECKS: tuple[Callable[[Auditor], None], ...] = (
     check_points,
     check_start_spread,
+    check_host_sensitivity,
     check_kv_cache,
     check_critical,
     check_claims,
