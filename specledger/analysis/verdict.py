@@ -270,6 +270,8 @@ def compare_point(ledger: Ledger, arm: str, committed: Mapping[str, Any], measur
                 med = point["arms"][name]["output_tokens_per_s"]["median"]
                 engine = engine_spread(point["arms"][name])
                 inside = f"; engine time per request {engine:.1%}" if engine is not None else ""
+                host = _median_host_slice_ms(point["arms"][name])
+                inside += f"; host slice {host:.1f} ms" if host is not None else ""
                 parts.append(f"{name} {med:.1f} tok/s (repeat spread {s:.1%}{inside})")
         if parts:
             result.notes.append(f"{label}: " + ", ".join(parts))
@@ -327,6 +329,14 @@ def acceptance_sources_differ(committed: Mapping[str, Any], measured: Mapping[st
         return (f"both from timed windows, which hold whatever requests their time allowed{held}: "
                 f"re-record the point with the acceptance pass to assert it")
     return None
+
+
+def _median_host_slice_ms(arm_result: Mapping[str, Any]) -> float | None:
+    """Median host slice of an arm's windows (None before 2026-12-03): beside each side's tokens/s, because tokens/s
+    falls 20-34% per doubled host slice on the H100 ledgers (`specledger audit`'s host-sensitivity), and two hosts
+    of one CPU model can differ 2.5x."""
+    values = [float(v) for v in ((arm_result.get("window") or {}).get("host_slice_ms") or []) if v is not None]
+    return statistics.median(values) if values else None
 
 
 def engine_spread(arm_result: Mapping[str, Any]) -> float | None:

@@ -1595,3 +1595,24 @@ def test_more_repeats_run_only_when_they_would_end_within_the_time_budget():
     assert tight._within_budget(None, key) is None
     unbounded = SuiteSession(root=ROOT, record=True)
     assert unbounded._within_budget(always, key) is always
+
+
+def test_each_sides_tokens_per_s_is_shown_beside_its_host_slice():
+    """Tokens/s falls with the host slice (20-34% per doubling on the H100 ledgers) and two hosts of one CPU model can
+    differ 2.5x, so a verifier reading a tokens/s change needs each side's host slice beside it."""
+    ledger = _ledger_with_arms()
+    committed = _v3_point([100, 104, 96, 102, 98, 101], [150, 156, 144, 153, 147, 151])
+    fresh = _v3_point([50, 52, 48, 51, 49, 50], [75, 78, 72, 76, 73, 75])
+    for point, slices in ((committed, [10.0, 10.4, 9.8, 10.2, 10.1, 10.0]),
+                          (fresh, [24.0, 26.0, 23.0, 25.0, 24.5, 30.0])):
+        for arm in point["arms"].values():
+            arm.setdefault("window", {})["host_slice_ms"] = slices
+    fresh["arms"]["spec"]["window"]["host_slice_ms"] = [24.0, 26.0, 23.0, 25.0, 24.5, None]  # a window left it null
+    result = verdict.compare_point(ledger, "spec", committed, fresh)
+    measured = next(n for n in result.notes if n.startswith("measured: "))
+    recorded = next(n for n in result.notes if n.startswith("committed: "))
+    spec_part, baseline_part = measured.split("baseline")
+    assert "host slice 24.5 ms" in spec_part and "host slice 24.8 ms" in baseline_part
+    assert recorded.count("host slice 10.1 ms") == 2
+    del fresh["arms"]["spec"]["window"]["host_slice_ms"]  # a ledger from before host slices were kept
+    assert "host slice" not in verdict.compare_point(ledger, "spec", committed, fresh).notes[-2].split("baseline")[0]
