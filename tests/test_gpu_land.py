@@ -83,3 +83,29 @@ def test_a_name_already_landed_is_never_written_over(tmp_path: Path) -> None:
     again = _land(repo, "visit-b", str(call))
     assert again.returncode == 1 and "exists" in again.stderr
     assert (repo / "reports" / "evidence" / "incoming" / "visit-b" / "results" / "job.log").read_text() == "first"
+
+
+def test_the_landing_is_slimmed_for_the_checkout_that_travels_with_every_call(tmp_path: Path) -> None:
+    """Logs and JUnit XML over 32 KiB land gzipped and a ledger written twice lands once, the other a link to it:
+    the checkout travels with every device call (64 MiB with the staged parts), and on 2026-12-07 the day's parts no
+    longer fit beside the grown evidence. Every byte is still there; small files stay as they are."""
+    import gzip
+
+    repo = _repo(tmp_path)
+    call = tmp_path / "call"
+    call.mkdir()
+    log = "".join(f"[specledger] copy:0:{i} ngram window {i}: 123.4 tok/s\n" for i in range(2000))
+    ledger = '{"points": [' + ",".join(f'{{"c": {i}}}' for i in range(1000)) + "]}"
+    _results_tgz(call / "results.tgz", {"run/pytest-record.log": log, "run/junit-record.xml": "<x/>" * 10_000,
+                                        "run/x.json": ledger, "ledgers/x.json": ledger, "job.log": "short"})
+    result = _land(repo, "visit-c", str(call))
+    assert result.returncode == 0, result.stderr
+    dest = repo / "reports" / "evidence" / "incoming" / "visit-c" / "results"
+    assert not (dest / "run" / "pytest-record.log").exists()
+    assert gzip.decompress((dest / "run" / "pytest-record.log.gz").read_bytes()).decode() == log
+    assert gzip.decompress((dest / "run" / "junit-record.xml.gz").read_bytes()).decode() == "<x/>" * 10_000
+    assert (dest / "job.log").read_text() == "short"  # under 32 KiB: as it came
+    assert not (dest / "ledgers" / "x.json").is_symlink() and (dest / "run" / "x.json").is_symlink()
+    assert os.readlink(dest / "run" / "x.json") == "../ledgers/x.json"
+    assert (dest / "run" / "x.json").read_text() == ledger
+    assert "ledgers/x.json" in result.stdout
