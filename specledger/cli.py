@@ -188,6 +188,9 @@ def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where a ledger's own runs kept no times (a planned ledger never run), take this "
                              "ledger's, scaled by the ratio of arm counts (e.g. the measured ledger it was replanned "
                              "from)")
+    parser.add_argument("--budget-s", type=float, metavar="S",
+                        help="also say which points a run with --ledger-budget-s S measures and which it leaves out "
+                             "(the session's budget rule, with the times above)")
 
 
 @command("estimate", "how long a record or verification of the ledgers' points will take, from the seconds their "
@@ -226,6 +229,18 @@ def cmd_estimate(args: argparse.Namespace) -> int:
               f"{seconds(run.engine_starts_s)}; model build {build})")
         for point in run.points:
             print(f"  {point.label}: {seconds(point.seconds)} ({point.source})")
+        if args.budget_s is not None:
+            for slowest in (False, True):
+                plan = run.within_budget(args.budget_s, slowest=slowest)
+                if slowest and plan is not None and plan == run.within_budget(args.budget_s):
+                    break  # every point as slow as the slowest changes nothing
+                how = "if every point is as slow as the slowest" if slowest else "at these times"
+                if plan is None:
+                    print(f"  --ledger-budget-s {args.budget_s:.0f} {how}: unknown (a time above is unknown)")
+                    break
+                print(f"  --ledger-budget-s {args.budget_s:.0f} {how}: measures "
+                      f"{', '.join(plan.measured) or 'nothing'} (ends about {plan.ends_s:.0f} s)"
+                      + (f"; leaves out {', '.join(plan.left_out)}" if plan.left_out else ""))
     if len(ledgers) > 1:
         known = [t for t in totals if t is not None]
         up_to = sum(t for t in longest if t is not None)

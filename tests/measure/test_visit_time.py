@@ -98,3 +98,28 @@ def test_cli_prints_each_point_and_the_sum(tmp_path: Path, capsys: pytest.Captur
     assert main(["estimate", str(planned), "--points", "copy:0:4", "--times-from", str(path)]) == 0
     assert "copy:0:4: 120 s (test-small's copy:0:4 x 3/3 arms)" in capsys.readouterr().out
     assert main(["estimate", str(planned), "--times-from", str(tmp_path / "missing.json")]) != 0
+
+
+def test_a_budget_plan_follows_the_sessions_rule_point_by_point() -> None:
+    """The session starts a point only if it would end within the budget, taking the longer of the slowest point so
+    far and its own earlier time; one left out does not stop a later, shorter one. Model 34 s + engines 118 s."""
+    run = estimate_run(Ledger(None, _runs_ledger(RUNS)), parse_point_selection("copy:0:1,copy:0:4,copy:0:16"))
+    wide = run.within_budget(400)
+    assert wide is not None and (wide.measured, wide.left_out) == (("copy:0:1", "copy:0:4"), ("copy:0:16",))
+    assert wide.ends_s == pytest.approx(152 + 80 + 120)  # c=16 would need max(120, 90) s more: 472 > 400
+    tight = run.within_budget(330)  # c=4 (120 s) would end at 352; c=16 (90 s) still ends at 322
+    assert tight is not None and (tight.measured, tight.left_out) == (("copy:0:1", "copy:0:16"), ("copy:0:4",))
+    slow = run.within_budget(330, slowest=True)  # every point 120 s: only c=1 fits
+    assert slow is not None and (slow.measured, slow.ends_s) == (("copy:0:1",), pytest.approx(152 + 120))
+    assert run.within_budget(100) == type(wide)((), ("copy:0:1", "copy:0:4", "copy:0:16"), 152.0)
+    assert estimate_run(Ledger(None, _runs_ledger([]))).within_budget(1000) is None  # times unknown
+
+
+def test_cli_says_what_a_budget_leaves_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(_runs_ledger(RUNS)))
+    assert main(["estimate", str(path), "--points", "copy:0:1,copy:0:4,copy:0:16", "--budget-s", "330"]) == 0
+    out = capsys.readouterr().out
+    assert ("--ledger-budget-s 330 at these times: measures copy:0:1, copy:0:16 (ends about 322 s); leaves out "
+            "copy:0:4") in out
+    assert "--ledger-budget-s 330 if every point is as slow as the slowest: measures copy:0:1 (ends about 272 s)" in out
