@@ -19,7 +19,7 @@ def _pct(x: float) -> str:
 
 def check_host_sensitivity(a: Auditor) -> None:
     """One info finding per arm and pooled figure with a host elasticity: the change per doubled host slice, its
-    95% interval, and the share of the within-point variance the host slice explains."""
+    95% interval, and the share of the between-start variance (within points) the host slice explains."""
     if not any(figures.arm_start_count(result) > 1 for point in a.ledger.points for result in point["arms"].values()):
         return  # no point of two starts: scipy is not even loaded
     for arm, by_figure in sorted(figures.host_elasticities(a.ledger).items()):
