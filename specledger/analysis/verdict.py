@@ -275,7 +275,42 @@ def compare_point(ledger: Ledger, arm: str, committed: Mapping[str, Any], measur
                 parts.append(f"{name} {med:.1f} tok/s (repeat spread {s:.1%}{inside})")
         if parts:
             result.notes.append(f"{label}: " + ", ".join(parts))
+    host_note = _host_expectation(ledger, arm, c_arm, m_arm)
+    if host_note:
+        result.notes.append(host_note)
     return result
+
+
+#: Host slices this far apart (ratio) get the host's expected share of a tokens/s change spelt out.
+HOST_RATIO_NOTED = 1.25
+
+
+def _host_expectation(ledger: Ledger, arm: str, committed_arm: Mapping[str, Any],
+                      measured_arm: Mapping[str, Any]) -> str | None:
+    """What the host alone predicts for the arm's tokens/s when the two sides ran on hosts of different speed: the
+    ledger's host elasticity (``figures.host_elasticities``, `specledger audit`'s host-sensitivity) at the ratio of
+    the two median host slices, with its interval. Why: a verification on a host of the same CPU model that runs
+    the host loop 2.5x slower sees tokens/s fall by a third for that alone; the verdict stays as judged, and this
+    says how much of a tokens/s change the host explains. None when the slices are within 25% or unknown, or the
+    ledger resolves no elasticity."""
+    c_host, m_host = _median_host_slice_ms(committed_arm), _median_host_slice_ms(measured_arm)
+    if c_host is None or m_host is None or c_host <= 0 or m_host <= 0 \
+            or max(c_host, m_host) / min(c_host, m_host) < HOST_RATIO_NOTED:
+        return None
+    by_figure = figures.host_elasticities(ledger).get(arm, {})
+    ratio = m_host / c_host
+    predicted = []
+    for figure, what in (("output_tokens_per_s", "tokens/s"), ("multiplier", "multiplier")):
+        e = by_figure.get(figure)
+        if e is not None:
+            expected, low, high = (ratio**b - 1 for b in (e.slope, e.low, e.high))
+            predicted.append(f"{what} {expected:+.1%} ({min(low, high):+.1%}..{max(low, high):+.1%}, "
+                             f"{e.starts} starts at {e.points} points)")
+    if not predicted:
+        return None
+    return (f"host: this run's host slice {m_host:.1f} ms against the committed {c_host:.1f} ms ({ratio:.2f}x); "
+            f"from the ledger's host sensitivity (`specledger audit`) the host alone predicts {arm}'s "
+            + " and its ".join(predicted))
 
 
 def acceptance_check(committed_arm: Mapping[str, Any], measured_arm: Mapping[str, Any], bar_abs: float

@@ -1616,3 +1616,28 @@ def test_each_sides_tokens_per_s_is_shown_beside_its_host_slice():
     assert recorded.count("host slice 10.1 ms") == 2
     del fresh["arms"]["spec"]["window"]["host_slice_ms"]  # a ledger from before host slices were kept
     assert "host slice" not in verdict.compare_point(ledger, "spec", committed, fresh).notes[-2].split("baseline")[0]
+
+
+def test_a_verification_on_a_host_of_another_speed_says_what_the_host_alone_predicts():
+    """Measured on a host 2.4x faster than the committed starts' median (10 ms against 23.8), the H100 fp8 KV copy
+    c=64 point gets the host's share spelt out from the ledger's own host elasticity (`specledger audit`): tokens/s
+    up by the elasticity at that ratio, the multiplier by its own, each with its interval. Within 25%, or on a
+    ledger that resolves no elasticity, nothing is added."""
+    from specledger import stats
+
+    ledger = load_ledger(ROOT / "ledgers" / "h100-qwen2.5-coder-1.5b-fp8kv.json")
+    committed = next(p for p in ledger.points if p["workload"] == "copy" and p["concurrency"] == 64)
+    measured = copy.deepcopy(committed)
+    for arm in measured["arms"].values():
+        arm["window"]["host_slice_ms"] = [10.0] * len(arm["window"]["host_slice_ms"])
+    note = verdict.compare_point(ledger, "ngram", committed, measured).notes[-1]
+    c_host = statistics.median(committed["arms"]["ngram"]["window"]["host_slice_ms"])
+    e = figures.host_elasticities(ledger)["ngram"]["output_tokens_per_s"]
+    assert isinstance(e, stats.HostElasticity)
+    ratio = 10.0 / c_host
+    assert note.startswith(f"host: this run's host slice 10.0 ms against the committed {c_host:.1f} ms ({ratio:.2f}x)")
+    assert f"ngram's tokens/s {ratio**e.slope - 1:+.1%} ({ratio**e.high - 1:+.1%}..{ratio**e.low - 1:+.1%}" in note
+    assert ratio**e.slope - 1 > 0.3 and " and its multiplier " in note
+    for arm in measured["arms"].values():
+        arm["window"]["host_slice_ms"] = [c_host * 1.2] * len(arm["window"]["host_slice_ms"])
+    assert not verdict.compare_point(ledger, "ngram", committed, measured).notes[-1].startswith("host:")
