@@ -230,17 +230,18 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         for point in run.points:
             print(f"  {point.label}: {seconds(point.seconds)} ({point.source})")
         if args.budget_s is not None:
-            for slowest in (False, True):
-                plan = run.within_budget(args.budget_s, slowest=slowest)
-                if slowest and plan is not None and plan == run.within_budget(args.budget_s):
-                    break  # every point as slow as the slowest changes nothing
-                how = "if every point is as slow as the slowest" if slowest else "at these times"
-                if plan is None:
-                    print(f"  --ledger-budget-s {args.budget_s:.0f} {how}: unknown (a time above is unknown)")
-                    break
-                print(f"  --ledger-budget-s {args.budget_s:.0f} {how}: measures "
-                      f"{', '.join(plan.measured) or 'nothing'} (ends about {plan.ends_s:.0f} s)"
-                      + (f"; leaves out {', '.join(plan.left_out)}" if plan.left_out else ""))
+            budget = f"  --ledger-budget-s {args.budget_s:.0f}"
+            likely, slow = run.within_budget(args.budget_s), run.within_budget(args.budget_s, slowest=True)
+            if likely is None or slow is None:
+                print(f"{budget} at these times: unknown (a time above is unknown)")
+            else:
+                # the second plan only where every point as slow as the slowest changes it
+                plans = [("at these times", likely)] + ([("if every point is as slow as the slowest", slow)]
+                                                        if slow != likely else [])
+                for how, plan in plans:
+                    print(f"{budget} {how}: measures {', '.join(plan.measured) or 'nothing'} (ends about "
+                          f"{plan.ends_s:.0f} s)" + (f"; leaves out {', '.join(plan.left_out)}" if plan.left_out
+                                                     else ""))
     if len(ledgers) > 1:
         known = [t for t in totals if t is not None]
         up_to = sum(t for t in longest if t is not None)

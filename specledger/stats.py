@@ -323,10 +323,12 @@ def host_elasticity(groups: Sequence[tuple[Sequence[float], Sequence[float]]], *
             raise ValueError(f"a point has {h.size} host slices for {f.size} engine starts")
     starts = sum(f.size for _, f in pairs)
     df = starts - len(pairs) - 1
-    x = np.concatenate([h - h.mean() for h, _ in pairs]) if pairs else np.zeros(0)
-    y = np.concatenate([f - f.mean() for _, f in pairs]) if pairs else np.zeros(0)
+    if df < 1:
+        return None
+    x = np.concatenate([h - h.mean() for h, _ in pairs])
+    y = np.concatenate([f - f.mean() for _, f in pairs])
     sxx, syy, sxy = float(x @ x), float(y @ y), float(x @ y)
-    if df < 1 or sxx <= _SAME_LOG**2:
+    if sxx <= _SAME_LOG**2:
         return None
     slope = sxy / sxx
     se = math.sqrt(max(syy - slope * sxy, 0.0) / df / sxx)
