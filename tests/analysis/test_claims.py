@@ -521,3 +521,29 @@ def test_a_number_shown_beside_its_start_claim_is_audited(replicated, tmp_path):
     assert [v.status for v in audit.verdicts] == ["holds"] and audit.unaudited == []
     report.write_text(f"# r\n\nby start 1.652x and 1.681x <!-- claim: {FP8KV} ngram copy:0:64 multiplier = 1.669 -->\n")
     assert len(audit_report(report, replicated).unaudited) == 2  # the point's figure does not vouch for its starts
+
+
+# -- how an arm's figures move with the host --------------------------------------------------------
+
+
+def test_a_host_elasticity_claim_is_the_audit_findings_figure_and_its_bounds(replicated):
+    from specledger.ledger import figures
+
+    ledger = replicated.get(FP8KV)
+    change, low, high = figures.host_elasticities(ledger)["baseline"]["output_tokens_per_s"].per_doubling()
+    assert high < 0  # the fixture's baseline tokens/s falls with a slower host: a figure that can be stated wrong
+    bounds = "output_tokens_per_s.per_host_doubling"
+    for suffix, value in (("", change), (".low", low), (".high", high)):
+        verdict = check(replicated, f"{FP8KV} baseline {bounds}{suffix} = {100 * value:+.1f}%")
+        assert verdict.status == "holds", verdict.reason
+    wrong = check(replicated, f"{FP8KV} baseline {bounds} = {100 * low:+.1f}%")
+    assert wrong.status == "fails" and "change per doubled host slice" in wrong.reason
+
+
+def test_a_host_elasticity_claim_names_an_arm_only_and_is_unresolved_without_replicated_starts(replicated, ledgers):
+    assert "figure of the arm" in malformed(f"{FP8KV} ngram copy:0:64 multiplier.per_host_doubling = -5%")
+    assert "takes no start=" in malformed(f"{FP8KV} ngram start=1 multiplier.per_host_doubling = -5%")
+    assert "unknown metric" in malformed(f"{FP8KV} ngram acceptance_length.per_host_doubling = -5%")
+    missing = check(ledgers, "test-small eagle multiplier.per_host_doubling = -5%")
+    assert missing.status == "unresolved" and "no host elasticity of multiplier" in missing.reason
+    assert check(replicated, f"{FP8KV} nope multiplier.per_host_doubling = -5%").status == "unresolved"

@@ -14,6 +14,7 @@ from specledger.analysis.claims.grammar import (
     ARM_METRICS,
     CI_BOUNDS,
     CRITICAL,
+    HOST_METRICS,
     Claim,
     Stated,
     Status,
@@ -229,6 +230,22 @@ def _arm_sources(ledger: Ledger, metric: str, s: Subject) -> list[_Source]:
     return sources
 
 
+def _host_sources(ledger: Ledger, metric: str, s: Subject) -> list[_Source]:
+    """An arm's change per doubled host slice (or a bound of its 95% interval), exact as `specledger audit`'s
+    host-sensitivity finding computes it: the stated decimals are checked against it."""
+    _arm(ledger, s.arm)
+    figure, _, rest = metric.partition(".per_host_doubling")
+    elasticity = figures.host_elasticities(ledger).get(s.arm, {}).get(figure)
+    if elasticity is None:
+        raise Unresolved(f"arm {s.arm!r} has no host elasticity of {figure} (it needs v3 points of two or more "
+                         "engine starts whose host slices differ, and a degree of freedom left)")
+    which = {"": 0, ".low": 1, ".high": 2}[rest]
+    value = elasticity.per_doubling()[which]
+    label = f"{figure}'s change per doubled host slice{' (95% CI ' + rest[1:] + ')' if rest else ''}"
+    over = f"over {elasticity.starts} starts at {elasticity.points} points"
+    return [_Source(f"{label} {value:+.4f} {over}", value, value)]
+
+
 def _judge(stated: Stated, sources: Sequence[_Source]) -> tuple[bool, str]:
     """Holds when some source rounds to the stated value at its decimals; the text says which."""
     matched, missed = [], []
@@ -295,6 +312,8 @@ def check_claim(claim: Claim, ledgers: LedgerSet) -> Verdict:
         for subject, stated in zip(claim.subjects, claim.values, strict=True):
             if claim.metric in ARM_METRICS:
                 sources = _arm_sources(ledger, claim.metric, subject)
+            elif claim.metric in HOST_METRICS:
+                sources = _host_sources(ledger, claim.metric, subject)
             else:
                 sources = _point_sources(ledger, claim.metric, subject)
             if not sources:

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from specledger.ledger.figures import POOLED_FIGURES
+
 #: Figures of one arm at one point (workload, temperature, concurrency).
 POINT_METRICS = (
     "multiplier",
@@ -30,10 +32,14 @@ CI_BOUNDS = {"low": 0, "high": 1}
 #: Figures of one arm as a whole (its KV cache); `sessions` also needs ctx=.
 ARM_METRICS = ("kv_cache_tokens", "kv_cache_change", "sessions")
 CRITICAL = "critical_concurrency"
+#: Figures of one arm over its replicated points: how a pooled figure moves per doubled host slice between engine
+#: starts (`specledger audit`'s host-sensitivity, ``figures.host_elasticities``), with the bounds of its 95% interval.
+HOST_METRICS = tuple(f"{figure}.per_host_doubling{bound}"
+                     for figure in POOLED_FIGURES for bound in ("", ".low", ".high"))
 #: Point figures that each engine start of a point has on its own (`start=N`, the start as `specledger show` numbers
 #: it): what a report quotes when it says how far a point's starts disagree.
 START_METRICS = ("multiplier", "multiplier_vs_matched", "output_tokens_per_s")
-METRICS = (*POINT_METRICS, *ARM_METRICS, CRITICAL)
+METRICS = (*POINT_METRICS, *ARM_METRICS, *HOST_METRICS, CRITICAL)
 #: Which claims can vouch for a visible number with this unit.
 UNIT_METRICS: dict[str, tuple[str, ...]] = {
     "x": ("multiplier", "multiplier.low", "multiplier.high", "multiplier_vs_matched", "multiplier_vs_matched.low",
@@ -258,7 +264,7 @@ def _check_selectors(metric: str, positional: list[list[str]], keyed: dict[str, 
     """Each metric kind names exactly what it needs: a point, an arm, or a curve."""
     if not positional:
         raise _Syntax("names no arm")
-    if metric in ARM_METRICS:
+    if metric in ARM_METRICS or metric in HOST_METRICS:
         if "start" in keyed:
             raise _Syntax(f"{metric} is a figure of the arm: it takes no start=")
         if len(positional) > 1 or "T" in keyed or "c" in keyed:
