@@ -267,6 +267,20 @@ def test_engine_support_table():
     assert all(s.evidence for s in (schedule_support("0.26.0", m, "cuda") for m in ("ngram", "draft_model")))
 
 
+def test_the_measured_evidence_of_the_cuda_ngram_entry_is_the_h100_policy_ledgers():
+    """The figures the support table quotes are the committed ledger's, as `policy_bar` computes them."""
+    from specledger.analysis.policy_bar import policy_checks
+
+    ledger = load_ledger(ROOT / "ledgers" / "h100-qwen2.5-coder-1.5b-policy.json")
+    point = ledger.find_point("copy", 0.0, 5)
+    best = next(c for c in policy_checks(ledger, "policy-ngram", point) if "best fixed" in c.metric)
+    passes = {arm: point["arms"][arm]["acceptance"]["draft_tokens"] for arm in ("policy-ngram", "ngram")}
+    summary = schedule_support("0.26.0", "ngram", "cuda").summary
+    assert f"{best.measured:.3f} ({best.ratio_low:.3f}..{best.ratio_high:.3f})" in summary
+    assert f"drafted {passes['policy-ngram']:,} tokens against static k=4's {passes['ngram']:,}" in summary
+    assert best.ratio_high < 1  # the schedule path is slower than the k it schedules, at that k
+
+
 # ---------------------------------------------------------------------------------------------
 # properties
 # ---------------------------------------------------------------------------------------------
