@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -279,6 +280,10 @@ def test_the_measured_evidence_of_the_cuda_ngram_entry_is_the_h100_policy_ledger
     assert f"{best.measured:.3f} ({best.ratio_low:.3f}..{best.ratio_high:.3f})" in summary
     assert f"drafted {passes['policy-ngram']:,} tokens against static k=4's {passes['ngram']:,}" in summary
     assert best.ratio_high < 1  # the schedule path is slower than the k it schedules, at that k
+    assert best.ok and best.line().endswith("ok (a resolved loss of 7.2%..28.7%, within the tolerance)")
+    assert dataclasses.replace(best, ratio_high=1.02).line().endswith(" ok")  # an interval reaching 1: no loss said
+    drafting = next(c for c in policy_checks(ledger, "policy-ngram", point) if "draft tokens" in c.metric)
+    assert drafting.ok and drafting.line().endswith(" ok")  # not a ratio bar: no loss to state
 
 
 # ---------------------------------------------------------------------------------------------
