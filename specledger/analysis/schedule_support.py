@@ -53,8 +53,8 @@ SCHEDULE_SUPPORT: Mapping[tuple[str, str, str], Support] = {
         "source, and measured in a k>0 band: ngram runs on the V1 runner, whose proposer drafts the scheduled k "
         "(0 = none); on an H100 with [[1,5,4],[6,22,0],[23,64,4]] at c=5 (k=4) the policy arm drafted 3,172 "
         "tokens against static k=4's 3,188 in the same acceptance pass, at 0.819 (0.713..0.928) of its "
-        "tokens/s: the PIECEWISE CUDA graphs below (ledgers/h100-qwen2.5-coder-1.5b-policy.json). A k=0 band "
-        "is not measured yet",
+        "tokens/s over the windows of one engine start each, their configs differing only in the PIECEWISE CUDA "
+        "graphs below (ledgers/h100-qwen2.5-coder-1.5b-policy.json). A k=0 band is not measured yet",
         _COMMON_26 + (
             f"{_V26} config/vllm.py:2156-2157: ngram unsupported by Model Runner V2 -> V1 runner (:581-589)",
             f"{_V26} v1/worker/gpu_model_runner.py:4969-4978 passes num_spec_tokens_to_schedule to "
