@@ -242,20 +242,28 @@ def test_sample_load_counts_other_processes():
         _kill(pid)
 
 
-def test_sample_load_child_reaped_during_interval():
+def test_sample_load_child_reaped_during_interval(tmp_path):
     """A child that spun before the sample and exits inside it: its lifetime lands in our children times, and
     only its share inside the interval may count as ours, else the other spinner would vanish from the share."""
     other = _daemonized_spinner()
-    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 2.4: pass"])
+    # the child spins until the test creates `stop` (not for a fixed time from its own start: under a loaded CI
+    # machine, start-up and the other spinner's start once ate the whole lifetime before the interval began)
+    stop = tmp_path / "stop"
+    spin_until = f"import os\nwhile not os.path.exists({str(stop)!r}): pass"
+    child = subprocess.Popen([sys.executable, "-c", spin_until])
     reaper = threading.Thread(target=child.wait)
+    stopper = threading.Timer(0.5, stop.touch)  # its end half a second into the 1.5 s interval
     try:
         _spinning(other)
+        _spinning(child.pid)
         reaper.start()
-        time.sleep(1.4)  # most of the child's life lies before the interval, its end inside it
+        time.sleep(1.0)  # most of the child's spinning lies before the interval, its end inside it
         assert child.poll() is None
+        stopper.start()
         share = sample_load(1.5).others_cpu_share
         assert child.poll() is not None  # it ended, and was reaped, inside the interval
     finally:
+        stopper.cancel()
         _kill(other)
         child.kill()
         reaper.join(timeout=5)
